@@ -1,0 +1,93 @@
+"""Every TensorFlow / Keras / Horovod version quirk hvdkit works around.
+
+Each item says why it exists, so it can be deleted when the reason goes away.
+Nothing outside this module should test versions or poke at private APIs.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from .errors import ConfigurationError
+
+# Horovod 0.28.1's ``horovod.tensorflow.keras.DistributedOptimizer`` accepts a
+# Keras 3 optimizer, but Keras 3's trainer calls ``optimizer.apply()``, a path
+# the Horovod wrapper does not intercept: gradients are silently NOT averaged
+# (Horovod issue #4290). hvdkit therefore never uses horovod.tensorflow.keras
+# and reduces gradients itself with horovod.tensorflow's collectives.
+HOROVOD_KERAS_FRONTEND_IS_BROKEN_ON_KERAS3 = True
+
+KERAS_MAJOR = int(keras.__version__.split(".")[0])
+if KERAS_MAJOR < 3:  # pragma: no cover - depends on the installed Keras
+    raise ImportError(
+        f"hvdkit needs Keras 3 (found keras {keras.__version__}); "
+        "install it with `pip install 'keras>=3'`, or use horovod.tensorflow.keras "
+        "directly for tf.keras 2."
+    )
+
+
+def in_xla_context() -> bool:
+    """True while tracing a function that XLA will compile.
+
+    Horovod 0.28.1 registers its TF ops for XLA only when built with
+    HOROVOD_ENABLE_XLA_OPS; otherwise a collective inside ``jit_compile=True``
+    fails deep in XLA with "No registered OpKernel". Keras 3 turns XLA on by
+    default (``jit_compile="auto"``) whenever a GPU is visible, so we detect it
+    and raise a message that says what to change. Uses a private TF helper;
+    there is no public equivalent in TF 2.21.
+    """
+    if tf.executing_eagerly():
+        return False
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - TF moved the helper
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def refuse_xla(what: str) -> None:
+    """Raise a clear error if ``what`` is being traced for XLA compilation."""
+    if in_xla_context():
+        raise ConfigurationError(
+            f"{what} cannot run inside an XLA-compiled function: Horovod 0.28.1's "
+            "collectives have no XLA kernels. Compile the model with "
+            "`model.compile(..., jit_compile=False)` (Keras 3 enables XLA by "
+            "default when a GPU is visible), or use `tf.function(jit_compile=False)`."
+        )
+
+
+def set_intra_op_threads(threads: int) -> bool:
+    """Set TensorFlow's intra-op thread pool size; False if TF already started.
+
+    TensorFlow fixes its thread pools when the first op runs and raises
+    RuntimeError on later changes, so this can only take effect early.
+    """
+    if tf.config.threading.get_intra_op_parallelism_threads() == threads:
+        return True
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:
+        return False
+    return True
+
+
+def serialize_keras_object(obj):
+    """Keras 3 moved (de)serialization helpers under ``keras.saving``."""
+    return keras.saving.serialize_keras_object(obj)
+
+
+def deserialize_keras_object(config, custom_objects=None):
+    return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+
+
+def no_automatic_dependency_tracking(method):
+    """Keras's decorator that stops TF auto-tracking from wrapping list attributes.
+
+    Keras 3 optimizers use it in ``build``; a wrapper optimizer that creates
+    variables in ``build`` needs the same, and Keras exports it only privately.
+    """
+    from keras.src.utils import tracking
+
+    return tracking.no_automatic_dependency_tracking(method)

@@ -1,0 +1,27 @@
+"""Collective backends: a size-1 local one and Horovod (MPI or Gloo).
+
+Everything else in hvdkit talks to a :class:`Backend`, never to Horovod, so a
+script runs unchanged with or without a launcher.
+"""
+
+from .base import Backend, ReduceOp
+
+__all__ = ["Backend", "ReduceOp", "create"]
+
+
+def create(name: str) -> Backend:
+    """Instantiate the backend called ``name`` ("local" or "horovod")."""
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend()
+    if name == "horovod":
+        from .horovod import HorovodBackend
+
+        return HorovodBackend()
+    from ..errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"unknown backend {name!r}; expected 'horovod' (the default under a "
+        "launcher) or 'local' (single process, collectives are the identity)."
+    )

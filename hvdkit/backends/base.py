@@ -1,0 +1,87 @@
+"""The interface every collective backend implements."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+
+class ReduceOp(enum.Enum):
+    """Reduction applied by ``allreduce``/``reducescatter`` (Horovod's ops)."""
+
+    AVERAGE = "average"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "product"
+
+    def __repr__(self) -> str:
+        return f"hvdkit.{self.name.title()}"
+
+
+class Backend(abc.ABC):
+    """Process-group topology and tensor collectives.
+
+    Tensor methods take and return ``tf.Tensor`` and must work both eagerly and
+    while tracing a ``tf.function``. Argument checking happens in
+    :mod:`hvdkit.collectives`; backends may assume valid input.
+    """
+
+    name: str
+
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def local_rank(self) -> int: ...
+
+    @abc.abstractmethod
+    def local_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def cross_rank(self) -> int: ...
+
+    @abc.abstractmethod
+    def cross_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def shutdown(self) -> None: ...
+
+    @abc.abstractmethod
+    def allreduce(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def grouped_allreduce(
+        self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str | None
+    ) -> list[tf.Tensor]: ...
+
+    @abc.abstractmethod
+    def allgather(self, tensor: tf.Tensor, name: str | None) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str | None) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def reducescatter(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def alltoall(
+        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Returns ``(received, received_splits)``."""
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj: Any, root_rank: int) -> Any: ...
+
+    @abc.abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]: ...

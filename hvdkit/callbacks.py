@@ -1,0 +1,235 @@
+"""Keras callbacks for data-parallel training (Horovod's names and meaning)."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+
+from . import collectives, runtime
+from .errors import ConfigurationError
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback",
+    "LearningRateWarmupCallback",
+    "RankZeroOnly",
+]
+
+logger = logging.getLogger("hvdkit")
+
+
+def _model_optimizer_variables(model) -> list:
+    """Model weights plus optimizer state, building the optimizer if needed."""
+    variables = list(model.weights)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None:
+        if not opt.built:
+            opt.build(model.trainable_variables)
+        variables += list(opt.variables)
+    return variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Copy model weights *and* optimizer state from ``root_rank`` to all ranks.
+
+    Runs once, before the first training step, so every rank starts from the
+    same point — including a job resumed from a checkpoint that only
+    ``root_rank`` loaded (its optimizer's iterations, moments and learning
+    rate are broadcast too). A model that is not built when training starts
+    (no input shape known) is broadcast after its first batch instead.
+
+    Example:
+        >>> model.fit(ds, callbacks=[hvdkit.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        collectives.broadcast_variables(_model_optimizer_variables(self.model), self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        if not self.broadcast_done and self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            logger.warning(
+                "hvdkit: the model was not built before training, so weights were "
+                "broadcast after the first batch; give the model an Input shape to "
+                "start identical from step one."
+            )
+            self._broadcast()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each epoch's metrics (``loss``, ``accuracy``, ``val_*``) by their rank average.
+
+    Put it *first* in the callbacks list, so that later callbacks
+    (checkpointing, early stopping, logging) see the averaged values.
+
+    Example:
+        >>> callbacks = [hvdkit.callbacks.MetricAverageCallback(), ...]
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs or runtime.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+        names = collectives.allgather_object(keys)
+        if any(n != keys for n in names):
+            raise ConfigurationError(
+                f"MetricAverageCallback: ranks report different metrics {names}; compile "
+                "the same metrics on every rank."
+            )
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = collectives.allreduce(values, op=collectives.Average, name="hvdkit.metrics")
+        for k, v in zip(keys, averaged, strict=True):
+            logs[k] = float(v)
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr``.
+
+    Large global batches need a large learning rate but diverge if it is used
+    from the start (Goyal et al., 2017). During the first ``warmup_epochs``
+    epochs, at fractional epoch ``e = epoch + batch / steps_per_epoch``::
+
+        lr(e) = initial_lr / size * (e * (size - 1) / warmup_epochs + 1)
+
+    which reaches ``initial_lr`` when ``e = warmup_epochs``; afterwards the
+    learning rate is left alone. Needs an optimizer created with a float
+    learning rate (not a schedule).
+
+    Args:
+        initial_lr: learning rate after warm-up (usually ``base_lr * size()``).
+        warmup_epochs: number of epochs of warm-up (may be fractional).
+        steps_per_epoch: batches per epoch; ``None`` takes it from ``fit``.
+        verbose: 1 prints a line on rank 0 when warm-up ends.
+
+    Example:
+        >>> cb = hvdkit.callbacks.LearningRateWarmupCallback(0.1 * hvdkit.size(), warmup_epochs=3)
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: float = 5,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ):
+        super().__init__()
+        if warmup_epochs <= 0:
+            raise ConfigurationError(f"warmup_epochs={warmup_epochs} must be positive.")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch} must be >= 1 or None.")
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self._epoch = 0
+        self._done = False
+
+    def learning_rate_at(self, epoch: float) -> float:
+        """The warm-up learning rate at fractional epoch ``epoch``."""
+        n = runtime.size()
+        if epoch >= self.warmup_epochs:
+            return self.initial_lr
+        return self.initial_lr / n * (epoch * (n - 1) / self.warmup_epochs + 1)
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ConfigurationError(
+                    "LearningRateWarmupCallback cannot tell the number of batches per "
+                    "epoch (the dataset has no known length); pass steps_per_epoch=."
+                )
+            self.steps_per_epoch = int(steps)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._done:
+            return
+        e = self._epoch + batch / self.steps_per_epoch
+        try:
+            self.model.optimizer.learning_rate = self.learning_rate_at(e)
+        except TypeError as exc:
+            raise ConfigurationError(
+                "LearningRateWarmupCallback needs an optimizer with a float learning "
+                "rate; this one uses a schedule. Build the warm-up into the schedule "
+                "instead, or pass a float learning_rate."
+            ) from exc
+        if e >= self.warmup_epochs:
+            self._done = True
+            if self.verbose and runtime.rank() == 0:
+                lr = f"{self.initial_lr:g}"
+                print(f"\nEpoch {self._epoch + 1}: finished learning-rate warm-up at {lr}.")
+
+
+class RankZeroOnly(keras.callbacks.Callback):
+    """Run the wrapped callback on rank 0 only (checkpoints, TensorBoard, CSV logs).
+
+    Example:
+        >>> ckpt = hvdkit.callbacks.RankZeroOnly(keras.callbacks.ModelCheckpoint("m.keras"))
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback):
+        super().__init__()
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ConfigurationError(
+                f"RankZeroOnly wraps a keras.callbacks.Callback; got {type(callback).__name__}."
+            )
+        self.callback = callback
+
+    def _active(self) -> bool:
+        return runtime.rank() == 0
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def _forward(self, hook: str, *args):
+        if self._active():
+            getattr(self.callback, hook)(*args)
+
+    def on_train_begin(self, logs=None):
+        self._forward("on_train_begin", logs)
+
+    def on_train_end(self, logs=None):
+        self._forward("on_train_end", logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._forward("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._forward("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._forward("on_train_batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._forward("on_train_batch_end", batch, logs)
+
+    def on_test_begin(self, logs=None):
+        self._forward("on_test_begin", logs)
+
+    def on_test_end(self, logs=None):
+        self._forward("on_test_end", logs)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._forward("on_test_batch_begin", batch, logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._forward("on_test_batch_end", batch, logs)

@@ -1,0 +1,58 @@
+"""Environment variables hvdkit reads, in one place.
+
+Explicit function arguments always win; these are consulted only when an
+argument is left as ``None``. Only the launcher (:mod:`hvdkit.launch`) writes
+environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+
+# --- set by launchers; read to tell whether this process is part of a job ---
+HOROVOD_RANK = "HOROVOD_RANK"  # horovodrun --gloo, hvdkitrun, scheduler/worker
+HOROVOD_SIZE = "HOROVOD_SIZE"
+OMPI_RANK = "OMPI_COMM_WORLD_RANK"  # mpirun / horovodrun --mpi (Open MPI)
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+PMI_RANK = "PMI_RANK"  # MPICH / Intel MPI
+PMI_SIZE = "PMI_SIZE"
+LAUNCHER_SIZE_VARS = (HOROVOD_SIZE, OMPI_SIZE, PMI_SIZE)
+
+# --- hvdkit's own settings ---
+BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launched
+INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"
+STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds, used by hvdkitrun
+LOG_DIR = "HVDKIT_LOG_DIR"
+
+# scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
+ROLE = "HVDKIT_ROLE"
+WORKER_NUM = "HVDKIT_WORKER_NUM"
+SCHED_HOST = "HVDKIT_SCHED_HOST"
+SCHED_PORT = "HVDKIT_SCHED_PORT"
+JOB_TOKEN = "HVDKIT_JOB_TOKEN"
+MINDSPORE_ALIASES = {
+    ROLE: "MS_ROLE",
+    WORKER_NUM: "MS_WORKER_NUM",
+    SCHED_HOST: "MS_SCHED_HOST",
+    SCHED_PORT: "MS_SCHED_PORT",
+}
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """Value of hvdkit setting ``name``, falling back to its MindSpore alias."""
+    value = os.environ.get(name)
+    if value is None and name in MINDSPORE_ALIASES:
+        value = os.environ.get(MINDSPORE_ALIASES[name])
+    return default if value is None or value == "" else value
+
+
+def launched_size() -> int | None:
+    """World size announced by a launcher in the environment, or ``None``."""
+    for var in LAUNCHER_SIZE_VARS:
+        value = os.environ.get(var)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return None

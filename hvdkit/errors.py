@@ -1,0 +1,52 @@
+"""hvdkit's exception hierarchy.
+
+Every error hvdkit raises on purpose derives from :class:`HvdkitError` and
+from the builtin it refines (``ValueError``, ``RuntimeError``, ...), so that
+``except ValueError`` in existing code keeps working. Messages name the bad
+value, what was expected, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HvdkitError",
+    "NotInitializedError",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "ConfigurationError",
+    "ShardingError",
+    "DataFormatError",
+    "LaunchError",
+]
+
+
+class HvdkitError(Exception):
+    """Base class of all errors raised by hvdkit itself."""
+
+
+class NotInitializedError(HvdkitError, RuntimeError):
+    """An hvdkit function that needs the runtime was called before ``hvdkit.init()``."""
+
+
+class CollectiveError(HvdkitError, RuntimeError):
+    """A collective operation failed (peer lost, transport error, ...)."""
+
+
+class CollectiveMismatchError(CollectiveError, ValueError):
+    """Ranks called the same collective with incompatible shapes, dtypes or patterns."""
+
+
+class ConfigurationError(HvdkitError, ValueError):
+    """An argument or setting is invalid, or two settings conflict."""
+
+
+class ShardingError(HvdkitError, ValueError):
+    """Dataset sharding arguments are invalid for the data they apply to."""
+
+
+class DataFormatError(HvdkitError, ValueError):
+    """A data file is missing, truncated, or not in the expected format."""
+
+
+class LaunchError(HvdkitError, RuntimeError):
+    """Starting, rendezvous or supervision of a multi-process job failed."""

@@ -1,0 +1,369 @@
+"""Gradient averaging for Keras 3: ``DistributedOptimizer`` and ``DistributedGradientTape``.
+
+Horovod 0.28.1's own wrapper does not average under Keras 3 (see
+:mod:`hvdkit._compat`). ``DistributedOptimizer`` instead *holds* the user's
+optimizer, as Keras's ``LossScaleOptimizer`` does, and overrides ``apply``,
+the single entry point that ``model.fit``, ``train_on_batch``,
+``apply_gradients`` and custom loops all go through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from . import _compat, collectives, runtime
+from .backends import ReduceOp
+from .compression import Compression, Compressor
+from .errors import ConfigurationError
+
+__all__ = ["DistributedOptimizer", "DistributedGradientTape", "reduce_gradients"]
+
+_GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+
+
+def _check_reduction_args(op, compression, what: str) -> None:
+    if op not in _GRADIENT_OPS:
+        raise ConfigurationError(
+            f"{what}: op={op!r} is not a gradient reduction; use hvdkit.Average "
+            "(the default) or hvdkit.Sum."
+        )
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise ConfigurationError(
+            f"{what}: compression={compression!r} is not a compressor; use "
+            "hvdkit.Compression.none or hvdkit.Compression.fp16."
+        )
+
+
+def reduce_gradients(
+    grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
+    *,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    device_dense: str = "",
+    device_sparse: str = "",
+) -> list[tf.Tensor | tf.IndexedSlices | None]:
+    """Average (or sum) gradients over all ranks in one fused allreduce.
+
+    ``None`` entries stay ``None``. Dense gradients go through a single
+    ``grouped_allreduce``; ``tf.IndexedSlices`` (embedding gradients) are
+    allgathered, or densified first with ``sparse_as_dense=True``.
+
+    Returns:
+        A list of the same length and shapes as ``grads``.
+    """
+    _compat.refuse_xla("hvdkit gradient reduction")
+    if runtime.size() == 1:
+        return list(grads)
+    out: list = list(grads)
+    dense_idx = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                out[i] = tf.convert_to_tensor(g)
+                dense_idx.append(i)
+            else:
+                with tf.device(device_sparse):
+                    values = collectives.allgather(g.values)
+                    indices = collectives.allgather(g.indices)
+                    if op == ReduceOp.AVERAGE:
+                        values = values / tf.cast(runtime.size(), values.dtype)
+                out[i] = tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
+        else:
+            dense_idx.append(i)
+    if dense_idx:
+        with tf.device(device_dense):
+            packed = [compression.compress(tf.convert_to_tensor(out[i])) for i in dense_idx]
+            reduced = collectives.grouped_allreduce([t for t, _ in packed], op=op)
+            for i, r, (_, ctx) in zip(dense_idx, reduced, packed, strict=True):
+                out[i] = compression.decompress(r, ctx)
+    return out
+
+
+@keras.saving.register_keras_serializable(package="hvdkit", name="DistributedOptimizer")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras 3 optimizer so that gradients are averaged over all ranks.
+
+    Use it exactly where the original optimizer was used: ``model.compile``,
+    ``optimizer.apply_gradients(zip(grads, vars))`` or
+    ``optimizer.apply(grads, vars)``. The wrapped optimizer keeps its
+    configuration (learning-rate schedules included) and its state; this
+    object forwards ``learning_rate``, ``iterations`` and ``scale_loss`` to it.
+
+    Args:
+        optimizer: a ``keras.optimizers.Optimizer`` instance, or a name such
+            as ``"adam"``.
+        name: optional name of the wrapper.
+        op: ``hvdkit.Average`` (default) or ``hvdkit.Sum``.
+        compression: ``hvdkit.Compression.none`` or ``.fp16`` (float32
+            gradients sent as float16).
+        backward_passes_per_step: accumulate gradients locally over this many
+            calls, then reduce once and apply once. The wrapped optimizer's
+            ``iterations`` counts applied updates only.
+        average_aggregated_gradients: divide the accumulated gradients by
+            ``backward_passes_per_step`` (so k passes on batch B equal one
+            step on batch k*B with a mean loss).
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before
+            reducing (faster for small embeddings).
+        device_dense, device_sparse: TF devices for the reduction (Horovod's
+            arguments); ``""`` lets TensorFlow choose.
+
+    Raises:
+        ConfigurationError: ``optimizer`` is not a Keras 3 optimizer, is already
+            distributed, or another argument is out of range.
+
+    Example:
+        >>> opt = keras.optimizers.Adam(1e-3 * hvdkit.size())     # hvdkit: scale lr
+        >>> opt = hvdkit.DistributedOptimizer(opt)                 # hvdkit: wrap
+        >>> model.compile(optimizer=opt, loss="mse")
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        name: str | None = None,
+        *,
+        op: ReduceOp = ReduceOp.AVERAGE,
+        compression: type[Compressor] = Compression.none,
+        backward_passes_per_step: int = 1,
+        average_aggregated_gradients: bool = True,
+        sparse_as_dense: bool = False,
+        device_dense: str = "",
+        device_sparse: str = "",
+        **kwargs,
+    ):
+        if isinstance(optimizer, str):
+            optimizer = keras.optimizers.get(optimizer)
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ConfigurationError(
+                "the optimizer is already an hvdkit.DistributedOptimizer; wrap the "
+                "plain Keras optimizer once."
+            )
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            hint = ""
+            if hasattr(optimizer, "apply_gradients"):
+                hint = (
+                    " It looks like a tf.keras 2 / tf.compat.v1 optimizer: create it "
+                    "from `keras.optimizers` (Keras 3) instead."
+                )
+            raise ConfigurationError(
+                "DistributedOptimizer wraps a Keras 3 optimizer such as "
+                f"keras.optimizers.SGD(0.01); got {type(optimizer).__module__}."
+                f"{type(optimizer).__qualname__}.{hint}"
+            )
+        _check_reduction_args(op, compression, "DistributedOptimizer")
+        if (
+            isinstance(backward_passes_per_step, bool)
+            or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1
+        ):
+            raise ConfigurationError(
+                f"backward_passes_per_step={backward_passes_per_step!r} must be an int >= 1."
+            )
+        # Only `name` is meaningful for the wrapper itself; the rest of the
+        # Keras optimizer arguments belong to the wrapped optimizer.
+        kwargs.pop("learning_rate", None)
+        if kwargs:
+            raise ConfigurationError(
+                f"DistributedOptimizer got unexpected arguments {sorted(kwargs)}; set "
+                "optimizer options (clipnorm, weight_decay, ...) on the wrapped optimizer."
+            )
+        super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
+        self.inner_optimizer = optimizer
+        self.op = op
+        self.compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self.sparse_as_dense = sparse_as_dense
+        self.device_dense = device_dense
+        self.device_sparse = device_sparse
+        self._accumulators: list = []
+        self._pass_counter = None
+
+    # ------------------------------------------------------------- state
+    @_compat.no_automatic_dependency_tracking
+    def build(self, var_list):
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+        if self.backward_passes_per_step > 1:
+            self._pass_counter = self.add_variable(
+                shape=(), dtype="int", initializer="zeros", name="hvdkit_pass_counter"
+            )
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="hvdkit_grad_accumulator")
+                for v in var_list
+            ]
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        own = ([self._pass_counter] if self._pass_counter is not None else []) + list(
+            self._accumulators
+        )
+        return own + list(self.inner_optimizer.variables)
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # ------------------------------------------------------------- updates
+    def reduce(self, grads):
+        """The allreduce step alone: returns the averaged (or summed) gradients."""
+        return reduce_gradients(
+            grads,
+            op=self.op,
+            compression=self.compression,
+            sparse_as_dense=self.sparse_as_dense,
+            device_dense=self.device_dense,
+            device_sparse=self.device_sparse,
+        )
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ConfigurationError(
+                    "DistributedOptimizer.apply(grads) without variables needs a built "
+                    "optimizer: call optimizer.build(model.trainable_variables) first, or "
+                    "pass the variables."
+                )
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        if len(grads) != len(trainable_variables):
+            raise ConfigurationError(
+                f"got {len(grads)} gradients for {len(trainable_variables)} variables; "
+                "pass one gradient (or None) per variable."
+            )
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        if self.backward_passes_per_step == 1:
+            self.inner_optimizer.apply(self.reduce(grads), trainable_variables)
+            return
+        self._accumulate_and_maybe_apply(grads, trainable_variables)
+
+    def _accumulate_and_maybe_apply(self, grads, trainable_variables):
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+        pairs = [
+            (self._accumulators[index[id(v)]], g, v)
+            for g, v in zip(grads, trainable_variables, strict=True)
+            if g is not None
+        ]
+        for acc, g, _ in pairs:
+            acc.assign_add(tf.convert_to_tensor(g))
+        self._pass_counter.assign_add(1)
+        k = self.backward_passes_per_step
+
+        def apply_now():
+            scale = 1.0 / k if self.average_aggregated_gradients else 1.0
+            summed = [acc.value * tf.cast(scale, acc.dtype) for acc, _, _ in pairs]
+            self.inner_optimizer.apply(self.reduce(summed), [v for _, _, v in pairs])
+            for acc, _, _ in pairs:
+                acc.assign(tf.zeros_like(acc.value))
+            return tf.constant(True)
+
+        keras.ops.cond(
+            tf.equal(self._pass_counter.value % k, 0), apply_now, lambda: tf.constant(False)
+        )
+
+    # ------------------------------------------------------------- config
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": _compat.serialize_keras_object(self.inner_optimizer),
+            "op": self.op.value,
+            "compression": self.compression.name,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+            "sparse_as_dense": self.sparse_as_dense,
+            "device_dense": self.device_dense,
+            "device_sparse": self.device_sparse,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = _compat.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        config["op"] = ReduceOp(config.get("op", "average"))
+        config["compression"] = Compression.by_name(config.get("compression", "none"))
+        return cls(inner, **config)
+
+
+class DistributedGradientTape:
+    """A ``tf.GradientTape`` whose ``gradient()`` returns rank-averaged gradients.
+
+    Holds the tape it wraps and forwards everything else to it.
+
+    Args:
+        tape: the ``tf.GradientTape`` that recorded the forward pass.
+        op, compression, sparse_as_dense, device_dense, device_sparse: as in
+            :class:`DistributedOptimizer`.
+
+    Example:
+        >>> with tf.GradientTape() as tape:
+        ...     loss = loss_fn(y, model(x, training=True))
+        >>> tape = hvdkit.DistributedGradientTape(tape)            # hvdkit
+        >>> grads = tape.gradient(loss, model.trainable_variables)  # averaged
+        >>> optimizer.apply(grads, model.trainable_variables)
+    """
+
+    def __init__(
+        self,
+        tape: tf.GradientTape,
+        *,
+        op: ReduceOp = ReduceOp.AVERAGE,
+        compression: type[Compressor] = Compression.none,
+        sparse_as_dense: bool = False,
+        device_dense: str = "",
+        device_sparse: str = "",
+    ):
+        if not isinstance(tape, tf.GradientTape):
+            raise ConfigurationError(
+                f"DistributedGradientTape wraps a tf.GradientTape; got {type(tape).__name__}."
+            )
+        _check_reduction_args(op, compression, "DistributedGradientTape")
+        self._tape = tape
+        self._reduce_kwargs = dict(
+            op=op,
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            device_dense=device_dense,
+            device_sparse=device_sparse,
+        )
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        """Like ``tf.GradientTape.gradient``, then reduced over ranks (same structure)."""
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, **self._reduce_kwargs))

@@ -1,0 +1,198 @@
+"""Process-group lifecycle and topology: ``init``, ``rank``, ``size``, ...
+
+Under a launcher (``horovodrun``, ``mpirun``, ``hvdkitrun``, the
+scheduler/worker scripts) ``init()`` starts Horovod. Without one, hvdkit runs
+as a job of size 1 whose collectives are the identity, so the same script
+works both ways.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import tensorflow as tf
+
+from . import _compat, config
+from .backends import Backend, create
+from .errors import ConfigurationError, NotInitializedError
+
+__all__ = [
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "barrier",
+    "backend_name",
+]
+
+logger = logging.getLogger("hvdkit")
+_backend: Backend | None = None
+
+
+def init(
+    backend: str | None = None,
+    *,
+    intra_op_threads: int | str | None = None,
+    pin_gpu: bool = True,
+) -> None:
+    """Start hvdkit's runtime; call once, before building models.
+
+    Args:
+        backend: ``"horovod"`` or ``"local"``. ``None`` reads
+            ``HVDKIT_BACKEND``, else picks ``"horovod"`` when a launcher set
+            the world size in the environment and ``"local"`` (size 1)
+            otherwise.
+        intra_op_threads: TensorFlow intra-op threads for this process.
+            ``"auto"`` (the default, also via ``HVDKIT_INTRA_OP_THREADS``)
+            gives each of the ``local_size()`` processes on a machine an
+            equal share of its cores when more than one runs there, so that
+            they do not oversubscribe the CPU; an int sets it; ``0`` leaves
+            TensorFlow's default. It only takes effect if no TF op has run yet.
+        pin_gpu: Make only GPU ``local_rank() % num_gpus`` visible to this
+            process and enable memory growth (the Horovod recipe). Not yet
+            verified on a GPU machine.
+
+    Raises:
+        ConfigurationError: ``backend`` is unknown, or ``"local"`` while a
+            launcher started several processes.
+
+    Example:
+        >>> import hvdkit
+        >>> hvdkit.init()
+        >>> hvdkit.rank(), hvdkit.size()   # (0, 1) without a launcher
+        (0, 1)
+    """
+    global _backend
+    if _backend is not None:
+        return
+    name = backend or config.get(config.BACKEND)
+    launched = config.launched_size()
+    if name is None:
+        name = "horovod" if launched is not None else "local"
+    if name == "local" and launched is not None and launched > 1:
+        raise ConfigurationError(
+            f"backend 'local' was requested but the launcher started {launched} "
+            "processes; a local backend would silently train each rank alone. "
+            "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
+        )
+    _backend = create(name)
+    _configure_threads(intra_op_threads, _backend.local_size())
+    if pin_gpu:
+        _pin_gpu(_backend.local_rank())
+
+
+def _configure_threads(setting: int | str | None, local_size: int) -> None:
+    if setting is None:
+        setting = config.get(config.INTRA_OP_THREADS, "auto")
+    if setting == "auto":
+        if local_size <= 1:
+            return
+        threads = max(1, (os.cpu_count() or 1) // local_size)
+    else:
+        try:
+            threads = int(setting)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"intra_op_threads={setting!r} is not valid; use 'auto', 0 (TensorFlow's "
+                "default) or a positive number of threads."
+            ) from None
+        if threads < 0:
+            raise ConfigurationError(
+                f"intra_op_threads={threads} is negative; use 'auto', 0 or a positive int."
+            )
+        if threads == 0:
+            return
+    if not _compat.set_intra_op_threads(threads):
+        logger.warning(
+            "hvdkit: could not set TensorFlow intra-op threads to %d because TensorFlow "
+            "already started; call hvdkit.init() before running any TensorFlow op.",
+            threads,
+        )
+
+
+def _pin_gpu(local_rank_: int) -> None:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    gpu = gpus[local_rank_ % len(gpus)]
+    try:
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    except RuntimeError:
+        logger.warning(
+            "hvdkit: TensorFlow already initialized its GPUs, so rank-to-GPU pinning "
+            "was skipped; call hvdkit.init() before running any TensorFlow op."
+        )
+
+
+def _get() -> Backend:
+    if _backend is None:
+        raise NotInitializedError(
+            "hvdkit is not initialized: call hvdkit.init() at the top of your script, "
+            "before any other hvdkit function."
+        )
+    return _backend
+
+
+def shutdown() -> None:
+    """Stop the runtime. ``init()`` may be called again afterwards."""
+    global _backend
+    if _backend is not None:
+        _backend.shutdown()
+        _backend = None
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has been called (and ``shutdown()`` not since)."""
+    return _backend is not None
+
+
+def rank() -> int:
+    """This process's index in the job, in ``[0, size())``."""
+    return _get().rank()
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return _get().size()
+
+
+def local_rank() -> int:
+    """This process's index among the processes on the same machine."""
+    return _get().local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this machine."""
+    return _get().local_size()
+
+
+def cross_rank() -> int:
+    """Index of this machine among the machines of the job."""
+    return _get().cross_rank()
+
+
+def cross_size() -> int:
+    """Number of machines with a process of the same ``local_rank()``."""
+    return _get().cross_size()
+
+
+def barrier() -> None:
+    """Block until every process of the job has reached this call."""
+    _get().barrier()
+
+
+def backend_name() -> str:
+    """``"horovod"`` or ``"local"``."""
+    return _get().name
+
+
+def backend() -> Backend:
+    """The active backend (internal use by hvdkit modules)."""
+    return _get()
