@@ -185,7 +185,7 @@ with c.check("apply_gradients_zip_path"):
             with tf.GradientTape() as tape:
                 loss = LOSS(ys[b * bs : (b + 1) * bs], m(xs[b * bs : (b + 1) * bs]))
             o.apply_gradients(
-                zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables)
+                zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables, strict=True)
             )
     assert_close(weights(model), weights(ref_model))
 
