@@ -4,7 +4,8 @@
 # Safe to re-run; a second run on the same machine takes seconds.
 #
 #   scripts/install.sh            # full setup + 2-process smoke check
-#   HVDKIT_SKIP_SMOKE=1 scripts/install.sh
+#   HVDKIT_SKIP_SMOKE=1 scripts/install.sh      # never run the smoke check
+#   HVDKIT_SKIP_SMOKE=auto scripts/install.sh   # only if this run installed something
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +18,7 @@ HOROVOD_VERSION="0.28.1"
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev)
 
 log() { printf '[install] %s\n' "$*"; }
+changed=0
 
 # --- 1. Debian packages ------------------------------------------------------
 missing=()
@@ -29,6 +31,7 @@ if ((${#missing[@]})); then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        changed=1
     else
         echo "hvdkit needs these Debian packages: ${missing[*]}" >&2
         echo "Run:  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
@@ -45,6 +48,7 @@ fi
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating $VENV"
     "$PY_BIN" -m venv "$VENV"
+    changed=1
     "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
 fi
 PY="$VENV/bin/python"
@@ -58,6 +62,7 @@ if ! "$PY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TF_VER
     fi
     log "installing $tf_pkg==$TF_VERSION keras==$KERAS_VERSION"
     "${PIP[@]}" "$tf_pkg==$TF_VERSION" "keras==$KERAS_VERSION" numpy mpi4py cloudpickle psutil
+    changed=1
 fi
 
 # --- 4. Horovod, built once per (python, TF) and cached outside the repo -----
@@ -90,6 +95,7 @@ if ! horovod_ok; then
         log "using cached Horovod wheel $wheel"
     fi
     "${PIP[@]}" "$wheel"
+    changed=1
     horovod_ok || { echo "Horovod installed but lacks Gloo or MPI support; delete $CACHE and re-run." >&2; exit 1; }
 fi
 
@@ -99,10 +105,13 @@ if ! "$PY" -c "import hvdkit, pytest, hypothesis, sklearn, ruff" 2>/dev/null \
     log "installing hvdkit (editable) with test extras"
     "${PIP[@]}" --no-build-isolation -e "$REPO[test]"
     touch "$VENV/.hvdkit-installed"
+    changed=1
 fi
 
 # --- 6. smoke check: 2 processes over Gloo and over MPI ----------------------
-if [[ "${HVDKIT_SKIP_SMOKE:-0}" != "1" ]]; then
-    "$REPO/scripts/smoke.sh"
-fi
+case "${HVDKIT_SKIP_SMOKE:-0}" in
+    1) ;;
+    auto) if ((changed)); then "$REPO/scripts/smoke.sh"; else log "already set up (smoke check: scripts/smoke.sh)"; fi ;;
+    *) "$REPO/scripts/smoke.sh" ;;
+esac
 log "ready: $VENV"

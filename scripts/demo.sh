@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job: set up whatever is missing, then train on 2 processes.
+#   scripts/demo.sh                 # 2 processes over Gloo
+#   HVDKIT_DEMO_TRANSPORT=mpi scripts/demo.sh
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh"
+source "$REPO/scripts/_env.sh"
+transport="${HVDKIT_DEMO_TRANSPORT:-gloo}"
+echo "[demo] horovodrun -np 2 --$transport python scripts/train_digits.py $*"
+exec horovodrun -np 2 "--$transport" python "$REPO/scripts/train_digits.py" "$@"
