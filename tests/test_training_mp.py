@@ -18,6 +18,7 @@ EXPECTED = [
     "broadcast_callback_syncs_weights_and_optimizer_state",
     "metric_average_callback",
     "learning_rate_warmup_callback",
+    "rank_zero_only_callback",
     "save_and_load_model_with_distributed_optimizer",
     "bad_optimizer_arguments",
     "xla_compile_refused_with_clear_error",

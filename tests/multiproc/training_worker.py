@@ -351,6 +351,31 @@ with c.check("learning_rate_warmup_callback"):
     want = [0.1 * (e / 2 + 1) for e in [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75]] + [0.2] * 4
     np.testing.assert_allclose(lrs, want, rtol=1e-6)
 
+with c.check("rank_zero_only_callback"):
+    calls = []
+
+    class Count(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            calls.append(epoch)
+
+    ckpt = os.path.join(sys.argv[1], f"ckpt-rank{r}.keras")
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(OPTS["sgd"]()), loss=LOSS)
+    model.fit(
+        Xr,
+        Yr,
+        batch_size=HALF,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        callbacks=[
+            hvd.callbacks.RankZeroOnly(Count()),
+            hvd.callbacks.RankZeroOnly(keras.callbacks.ModelCheckpoint(ckpt)),
+        ],
+    )
+    assert calls == ([0, 1] if r == 0 else []), calls
+    assert os.path.exists(ckpt) == (r == 0)
+
 with c.check("save_and_load_model_with_distributed_optimizer"):
     sched = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)
     model = make_model()
