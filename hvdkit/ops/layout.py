@@ -193,4 +193,5 @@ def slice_inputs_map(layouts, *, rank: int | None = None, size: int | None = Non
             return slice_inputs(element[0], layouts, rank=rank, size=size)
         return slice_inputs(tuple(element), layouts, rank=rank, size=size)
 
-    return slice_element
+    # no Python control flow on tensors; keeps ConfigurationError unwrapped
+    return tf.autograph.experimental.do_not_convert(slice_element)

@@ -23,6 +23,12 @@ from .patches import _check_index, _grid, _Plan, slice_patches
 __all__ = ["patch_columns", "rank_patch", "replicated_shuffle"]
 
 
+def _no_autograph(fn: Callable) -> Callable:
+    # These maps have no Python control flow on tensors, and AutoGraph would
+    # wrap hvdkit's ConfigurationError (raised while tracing) in a StagingError.
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def _map_column(element: tuple, column, what: str, transform: Callable, names=None):
     """Apply ``transform`` to one column of a ``tf.data`` element.
 
@@ -98,6 +104,7 @@ def patch_columns(
     grid = _grid(num_height, num_width, mode, what)
     names = [f"{prefix}{k}" for k in range(grid.num_patches)]
 
+    @_no_autograph
     def to_patches(*element):
         return _map_column(
             element,
@@ -174,7 +181,7 @@ def rank_patch(
         plan = _Plan(image, grid, fill_value, data_format, what)
         return plan.x if grid.num_patches == 1 else plan.patch(index)
 
-    return lambda *element: _map_column(element, column, what, take)
+    return _no_autograph(lambda *element: _map_column(element, column, what, take))
 
 
 def replicated_shuffle(
