@@ -1,0 +1,35 @@
+"""Input pipelines for data-parallel training: every rank reads its own share.
+
+* :func:`shard_indices`: which sample indices shard ``r`` of ``S`` reads
+  (modes ``"pad"``, ``"drop"``, ``"uneven"``; shuffled per epoch).
+* :func:`shard`: the same for a list of files (file-level first), arrays, a
+  reader or a ``tf.data.Dataset``, as a ``tf.data.Dataset``.
+* :class:`ShardSampler` / :class:`ShardPositionCallback`: epochs and a
+  resumable position inside an epoch.
+* :func:`MnistDataset`, :func:`Cifar10Dataset` and their random-access
+  :class:`MnistReader`, :class:`Cifar10Reader`: MindSpore-style readers.
+
+Example, on each of 2 ranks::
+
+    import hvdkit as hvd
+    hvd.init()
+    ds = hvd.data.MnistDataset(DATA_PATH, shuffle=True, epoch=0)   # rank 0: 30,000
+    ds = ds.batch(32)                                              # rank 1: 30,000
+"""
+
+from .readers import Cifar10Dataset, Cifar10Reader, MnistDataset, MnistReader
+from .sampler import ShardPositionCallback, ShardSampler
+from .sharding import MODES, ShardingWarning, shard, shard_indices
+
+__all__ = [
+    "MODES",
+    "ShardingWarning",
+    "shard_indices",
+    "shard",
+    "ShardSampler",
+    "ShardPositionCallback",
+    "MnistReader",
+    "Cifar10Reader",
+    "MnistDataset",
+    "Cifar10Dataset",
+]

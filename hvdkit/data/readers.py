@@ -1,0 +1,372 @@
+"""MNIST (IDX) and CIFAR-10 (binary) readers that read only this rank's records.
+
+Two layers:
+
+* :class:`MnistReader` and :class:`Cifar10Reader` give random access
+  (``len(reader)``, ``reader.read(indices)``) and read each requested record
+  with a positioned read, so a rank reads about ``1/S`` of the bytes. Use
+  them with :class:`~hvdkit.data.ShardSampler` to resume mid-epoch.
+* :func:`MnistDataset` and :func:`Cifar10Dataset` take MindSpore's arguments
+  (``num_shards``, ``shard_id``, ``shuffle``, ``num_samples``) and return the
+  ``tf.data.Dataset`` of this rank's ``(image, label)`` pairs for one epoch.
+
+Element structure, for both: ``image`` uint8 ``[H, W, C]`` (MNIST
+``[28, 28, 1]``, CIFAR-10 ``[32, 32, 3]`` in RGB, channels last) and
+``label`` int32 scalar.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from ..errors import ConfigurationError, DataFormatError, ShardingError
+from .sharding import shard
+
+__all__ = ["MnistReader", "Cifar10Reader", "MnistDataset", "Cifar10Dataset"]
+
+USAGES = ("train", "test", "all")
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC = 2051, 2049  # 0x00000803, 0x00000801
+CIFAR10_DIR = "cifar-10-batches-bin"
+CIFAR10_FILES = {
+    "train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
+    "test": ("test_batch.bin",),
+}
+CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then the R, G and B planes of 32x32
+CIFAR10_FILE_RECORDS = 10000
+
+
+def _usages(usage: str) -> tuple[str, ...]:
+    if usage not in USAGES:
+        raise ConfigurationError(
+            f"usage={usage!r} is not one of {USAGES}; 'all' reads the train split, then test."
+        )
+    return ("train", "test") if usage == "all" else (usage,)
+
+
+def _file_size(path: Path, what: str) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        hint = ""
+        if path.with_name(path.name + ".gz").exists():
+            hint = f" {path.name}.gz is there: decompress it with `gunzip {path}.gz`."
+        raise DataFormatError(
+            f"{what} file {path} does not exist; dataset_dir must hold {path.name}.{hint}"
+        ) from None
+
+
+class _Records:
+    """Fixed-size records behind a header in one or more files, read on demand.
+
+    Records are numbered across ``parts`` (``(path, header_bytes, count)``)
+    in order. :meth:`read` reads each contiguous run of requested records
+    with one positioned read, and nothing else.
+    """
+
+    def __init__(self, parts: list[tuple[Path, int, int]], record_bytes: int):
+        self.parts = parts
+        self.record_bytes = record_bytes
+        self.starts = np.cumsum([0] + [count for _, _, count in parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, index: int) -> tuple[Path, int]:
+        """File and record number within it of record ``index``."""
+        part = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return self.parts[part][0], index - int(self.starts[part])
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        """uint8 array ``[len(indices), record_bytes]``, rows in the order of ``indices``."""
+        indices = np.asarray(indices, np.int64).reshape(-1)
+        wanted, inverse = np.unique(indices, return_inverse=True)
+        rows = np.empty((len(wanted), self.record_bytes), np.uint8)
+        if not len(wanted):
+            return rows
+        part_of = np.searchsorted(self.starts, wanted, side="right") - 1
+        breaks = np.flatnonzero((np.diff(wanted) != 1) | (np.diff(part_of) != 0)) + 1
+        bounds = zip(np.r_[0, breaks], np.r_[breaks, len(wanted)], strict=True)
+        fds: dict[int, int] = {}
+        try:
+            for a, b in bounds:
+                part = int(part_of[a])
+                path, header, _ = self.parts[part]
+                if part not in fds:
+                    fds[part] = os.open(path, os.O_RDONLY)
+                offset = header + (int(wanted[a]) - int(self.starts[part])) * self.record_bytes
+                got = os.preadv(fds[part], [memoryview(rows[a:b]).cast("B")], offset)
+                if got != (b - a) * self.record_bytes:
+                    raise DataFormatError(
+                        f"{path} ended at byte {offset + got} while reading records "
+                        f"{int(wanted[a])}..{int(wanted[b - 1])}: the file shrank after it was "
+                        "opened. Copy the dataset again and restart."
+                    )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return rows[inverse.reshape(-1)]
+
+
+def _take(num_samples: int | None, available: int, what: str) -> int:
+    if num_samples is None:
+        return available
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+        raise ConfigurationError(f"num_samples={num_samples!r} is not an int; pass an int or None.")
+    if not 1 <= num_samples <= available:
+        raise ConfigurationError(
+            f"num_samples={num_samples} but {what} holds {available} records; pass a number "
+            f"from 1 to {available}, or None for all."
+        )
+    return int(num_samples)
+
+
+class _ImageLabelReader:
+    """What both readers share: length, element spec and index checks."""
+
+    image_shape: tuple[int, int, int]
+
+    def _set_length(self, num_samples: int | None, available: int, what: str) -> None:
+        self._length = _take(num_samples, available, what)
+        self.element_spec = (
+            tf.TensorSpec(self.image_shape, tf.uint8),
+            tf.TensorSpec([], tf.int32),
+        )
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Images uint8 ``[k, H, W, C]`` and labels int32 ``[k]`` of records ``indices``."""
+        indices = np.asarray(indices, np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self._length):
+            bad = indices[(indices < 0) | (indices >= self._length)][0]
+            raise ShardingError(f"index {bad} is outside the reader's records [0, {self._length}).")
+        return self._decode(indices)
+
+    def _decode(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- MNIST
+def _read_idx_header(path: Path, magic: int, ndim: int) -> tuple[int, ...]:
+    """Counts in the header of an IDX file ``(n, *dims)``, checked against its size."""
+    what = "MNIST images" if magic == _IDX_IMAGES_MAGIC else "MNIST labels"
+    size = _file_size(path, what)
+    header_bytes = 4 * (1 + ndim)
+    with open(path, "rb") as f:
+        header = f.read(header_bytes)
+    if len(header) < header_bytes:
+        raise DataFormatError(
+            f"{what} file {path} is truncated: {size} bytes, less than its "
+            f"{header_bytes}-byte header. Download it again."
+        )
+    found, *shape = struct.unpack(f">{1 + ndim}I", header)
+    if found != magic:
+        gz = " It looks gzip-compressed: gunzip it first." if header[:2] == b"\x1f\x8b" else ""
+        raise DataFormatError(
+            f"{path} is not an {what} IDX file: magic number {found:#010x}, expected "
+            f"{magic:#010x}.{gz}"
+        )
+    record = int(np.prod(shape[1:], dtype=np.int64))
+    expected = header_bytes + shape[0] * record
+    if size != expected:
+        state = "is truncated" if size < expected else f"has {size - expected} extra bytes"
+        raise DataFormatError(
+            f"{what} file {path} {state}: expected {expected} bytes (a {header_bytes}-byte "
+            f"header + {shape[0]} records of {record} bytes), found {size}. Download it again."
+        )
+    return tuple(shape)
+
+
+class MnistReader(_ImageLabelReader):
+    """Random access to the MNIST IDX files in ``dataset_dir``.
+
+    ``dataset_dir`` holds ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+    ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (uncompressed).
+    Headers and file sizes are checked when the reader is made.
+
+    Args:
+        dataset_dir: Directory of the IDX files.
+        usage: ``"train"`` (60,000 records), ``"test"`` (10,000) or ``"all"``
+            (train, then test).
+        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+
+    Raises:
+        DataFormatError: a file is missing, has the wrong magic number, or
+            its size does not match its header (the message names the file
+            and the expected size).
+        ConfigurationError: bad ``usage`` or ``num_samples``.
+
+    Example:
+        >>> reader = hvdkit.data.MnistReader("/data/mnist", "test")
+        >>> images, labels = reader.read([0, 1])
+        >>> images.shape, images.dtype, labels.dtype
+        ((2, 28, 28, 1), dtype('uint8'), dtype('int32'))
+    """
+
+    def __init__(self, dataset_dir: str | os.PathLike, usage: str = "train", num_samples=None):
+        root = Path(dataset_dir)
+        image_parts, label_parts, sizes = [], [], set()
+        for split in _usages(usage):
+            image_file, label_file = (root / name for name in MNIST_FILES[split])
+            n_images, rows, cols = _read_idx_header(image_file, _IDX_IMAGES_MAGIC, 3)
+            (n_labels,) = _read_idx_header(label_file, _IDX_LABELS_MAGIC, 1)
+            if n_images != n_labels:
+                raise DataFormatError(
+                    f"{image_file} holds {n_images} images but {label_file} holds {n_labels} "
+                    "labels; the two files come from different downloads. Download both again."
+                )
+            sizes.add((rows, cols))
+            image_parts.append((image_file, 16, n_images))
+            label_parts.append((label_file, 8, n_labels))
+        if len(sizes) > 1:
+            raise DataFormatError(
+                f"the MNIST splits in {root} have different image sizes {sorted(sizes)}; "
+                "use usage='train' or 'test' alone."
+            )
+        self.image_shape = (*sizes.pop(), 1)
+        self._images = _Records(image_parts, self.image_shape[0] * self.image_shape[1])
+        self._labels = _Records(label_parts, 1)
+        self._set_length(num_samples, len(self._images), f"MNIST {usage!r} in {root}")
+
+    def _decode(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        images = self._images.read(indices).reshape(-1, *self.image_shape)
+        return images, self._labels.read(indices)[:, 0].astype(np.int32)
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+class Cifar10Reader(_ImageLabelReader):
+    """Random access to the CIFAR-10 binary files.
+
+    ``dataset_dir`` is the ``cifar-10-batches-bin`` directory or its parent;
+    it holds ``data_batch_1.bin`` ... ``data_batch_5.bin`` and
+    ``test_batch.bin``, each a sequence of 3,073-byte records: one label byte
+    (0-9), then the red, green and blue 32x32 planes, row by row.
+
+    Args:
+        dataset_dir: See above.
+        usage: ``"train"`` (50,000 records), ``"test"`` (10,000) or ``"all"``.
+        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+
+    Raises:
+        DataFormatError: a file is missing or not a whole number of records
+            (the message names the file and the expected size); a label
+            byte above 9 is found while reading.
+        ConfigurationError: bad ``usage`` or ``num_samples``.
+
+    Example:
+        >>> reader = hvdkit.data.Cifar10Reader("/data")     # finds cifar-10-batches-bin/
+        >>> images, labels = reader.read([0])
+        >>> images.shape                                     # HWC, RGB
+        (1, 32, 32, 3)
+    """
+
+    image_shape = (32, 32, 3)
+
+    def __init__(self, dataset_dir: str | os.PathLike, usage: str = "train", num_samples=None):
+        root = Path(dataset_dir)
+        if (root / CIFAR10_DIR).is_dir():
+            root = root / CIFAR10_DIR
+        parts = []
+        for split in _usages(usage):
+            for name in CIFAR10_FILES[split]:
+                path = root / name
+                size = _file_size(path, "CIFAR-10")
+                if size == 0 or size % CIFAR10_RECORD:
+                    whole = size // CIFAR10_RECORD
+                    raise DataFormatError(
+                        f"CIFAR-10 file {path} has {size} bytes, not a whole number of "
+                        f"{CIFAR10_RECORD}-byte records (1 label byte + 3072 image bytes): it is "
+                        f"truncated. Expected {(whole + 1) * CIFAR10_RECORD} bytes for "
+                        f"{whole + 1} records ({CIFAR10_FILE_RECORDS * CIFAR10_RECORD} for a "
+                        "full batch file). Download it again."
+                    )
+                parts.append((path, 0, size // CIFAR10_RECORD))
+        self._records = _Records(parts, CIFAR10_RECORD)
+        self._set_length(num_samples, len(self._records), f"CIFAR-10 {usage!r} in {root}")
+
+    def _decode(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        records = self._records.read(indices)
+        labels = records[:, 0].astype(np.int32)
+        if labels.size and labels.max() > 9:
+            row = int(np.argmax(labels))
+            path, number = self._records.locate(int(indices[row]))
+            raise DataFormatError(
+                f"record {number} of {path} has label byte {labels[row]}, but CIFAR-10 labels "
+                "are 0-9; is this the CIFAR-100 binary format (two label bytes)?"
+            )
+        planes = records[:, 1:].reshape(-1, 3, 32, 32)
+        return np.ascontiguousarray(planes.transpose(0, 2, 3, 1)), labels
+
+
+# --------------------------------------------------------------------------- datasets
+def MnistDataset(  # named like MindSpore's class, so ported scripts keep the call
+    dataset_dir: str | os.PathLike,
+    usage: str = "train",
+    num_samples: int | None = None,
+    num_shards: int | None = None,
+    shard_id: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    mode: str = "pad",
+    epoch: int = 0,
+) -> tf.data.Dataset:
+    """This rank's MNIST ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+
+    Args:
+        dataset_dir: Directory of the four IDX files (see :class:`MnistReader`).
+        usage: ``"train"``, ``"test"`` or ``"all"``.
+        num_samples: Shard only the first ``num_samples`` records; ``None`` for all.
+        num_shards: Defaults (with ``shard_id``) to ``hvdkit.size()``.
+        shard_id: Defaults to ``hvdkit.rank()``.
+        shuffle: Reshuffle all records every epoch, in the same way on every rank.
+        seed: Seed of the shuffle; the same on every rank.
+        mode: ``"pad"`` (default), ``"drop"`` or ``"uneven"``; see
+            :func:`~hvdkit.data.shard_indices`.
+        epoch: Which epoch's order to produce; pass the loop's epoch to reshuffle.
+
+    Returns:
+        Dataset of ``(image uint8 [28, 28, 1], label int32 [])``, of
+        ``ceil(N/S)`` elements in pad mode (``N = num_samples or`` all records).
+
+    Example:
+        >>> for epoch in range(EPOCHS):
+        ...     ds = hvdkit.data.MnistDataset(DATA_PATH, shuffle=True, epoch=epoch)  # hvdkit:
+        ...     model.fit(ds.map(scale).batch(32), initial_epoch=epoch, epochs=epoch + 1)
+    """
+    reader = MnistReader(dataset_dir, usage, num_samples)
+    return shard(reader, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
+
+
+def Cifar10Dataset(  # named like MindSpore's class, so ported scripts keep the call
+    dataset_dir: str | os.PathLike,
+    usage: str = "train",
+    num_samples: int | None = None,
+    num_shards: int | None = None,
+    shard_id: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    mode: str = "pad",
+    epoch: int = 0,
+) -> tf.data.Dataset:
+    """This rank's CIFAR-10 ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+
+    Arguments as :func:`MnistDataset`; ``dataset_dir`` as :class:`Cifar10Reader`.
+
+    Returns:
+        Dataset of ``(image uint8 [32, 32, 3] RGB, label int32 [])``.
+
+    Example:
+        >>> ds = hvdkit.data.Cifar10Dataset(DATA_PATH, shuffle=True, epoch=0).batch(64)
+    """
+    reader = Cifar10Reader(dataset_dir, usage, num_samples)
+    return shard(reader, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
