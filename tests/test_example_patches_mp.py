@@ -1,22 +1,12 @@
 """scripts/example_patches.py under the real launcher: 2 ranks, each on half of every image."""
 
 import re
-import subprocess
-import sys
 
-from conftest import REPO, VENV_BIN, launcher_env
+from test_examples_mp import run_example
 
 
 def test_patch_example_trains_on_image_halves(transport):
-    cmd = [
-        str(VENV_BIN / "horovodrun"),
-        "-np",
-        "2",
-        f"--{transport}",
-        sys.executable,
-        str(REPO / "scripts" / "example_patches.py"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=launcher_env())
+    proc = run_example("example_patches.py", transport)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "2 rank(s), grid 1x2, patches [256, 128] of 256x256" in out, out[-2000:]
