@@ -45,5 +45,5 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.4", "ruff>=0.6"],
         "gpu": ["tensorflow[and-cuda]" + TF_SPEC],
     },
-    entry_points={"console_scripts": ["hvdkitrun = hvdkit.launch.cli:main"]},
+    entry_points={"console_scripts": ["hvdkitrun = hvdkit.launch:main"]},
 )

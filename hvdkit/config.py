@@ -23,6 +23,7 @@ BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launche
 INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds, used by hvdkitrun
 LOG_DIR = "HVDKIT_LOG_DIR"
+MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat receiver
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"

@@ -82,9 +82,21 @@ def init(
             "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
         )
     _backend = create(name)
+    _start_heartbeat(_backend.rank())
     _configure_threads(intra_op_threads, _backend.local_size())
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
+
+
+def _start_heartbeat(rank_: int) -> None:
+    """Under hvdkitrun, tell the launcher we are alive (for its stall timeout)."""
+    addr = config.get(config.MONITOR_ADDR)
+    if not addr:
+        return
+    from .launch.heartbeat import start_sender
+
+    host, _, port = addr.rpartition(":")
+    start_sender(host, int(port), config.get(config.JOB_TOKEN, ""), rank_)
 
 
 def _configure_threads(setting: int | str | None, local_size: int) -> None:

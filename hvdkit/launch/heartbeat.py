@@ -1,0 +1,105 @@
+"""Liveness heartbeats from ranks to the launcher, over UDP.
+
+Under ``hvdkitrun`` every rank, from ``hvdkit.init()`` on, sends one small
+datagram per second to the launcher. A rank that is frozen (SIGSTOP, a
+deadlock holding the GIL, a machine that went away) stops sending, and the
+launcher ends the job naming it after the stall timeout. Datagrams carry the
+job token, so stray or forged packets are ignored.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+INTERVAL_S = 1.0
+
+
+def start_sender(host: str, port: int, token: str, rank: int) -> threading.Thread:
+    """Send heartbeats for ``rank`` from a daemon thread until the process exits."""
+    payload = {"t": token, "r": rank, "p": os.getpid(), "h": socket.gethostname()}
+
+    def loop():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        seq = 0
+        while True:
+            payload["s"] = seq
+            try:
+                sock.sendto(json.dumps(payload).encode(), (host, port))
+            except OSError:
+                pass  # the launcher may be gone; nothing useful to do here
+            seq += 1
+            time.sleep(INTERVAL_S)
+
+    thread = threading.Thread(target=loop, name="hvdkit-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+@dataclass
+class RankStatus:
+    pid: int
+    host: str
+    last_seen: float
+    beats: int = 0
+
+
+@dataclass
+class HeartbeatMonitor:
+    """Receives heartbeats; tells which ranks have been silent for too long."""
+
+    token: str
+    bind_host: str = "127.0.0.1"
+    ranks: dict[int, RankStatus] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((self.bind_host, 0))
+        self._sock.settimeout(0.5)
+        self.port = self._sock.getsockname()[1]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hvdkit-monitor", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                data, _ = self._sock.recvfrom(4096)
+                msg = json.loads(data)
+            except (TimeoutError, OSError, ValueError):
+                continue
+            if not isinstance(msg, dict) or not hmac.compare_digest(
+                str(msg.get("t", "")).encode(), self.token.encode()
+            ):
+                continue
+            with self._lock:
+                status = self.ranks.get(msg["r"])
+                if status is None:
+                    status = self.ranks[msg["r"]] = RankStatus(msg["p"], msg["h"], 0.0)
+                status.last_seen = time.monotonic()
+                status.beats += 1
+
+    def silent_ranks(self, timeout: float) -> list[tuple[int, float]]:
+        """``(rank, seconds since last heartbeat)`` for ranks silent longer than ``timeout``."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted(
+                (r, now - s.last_seen) for r, s in self.ranks.items() if now - s.last_seen > timeout
+            )
+
+    def local_pids(self) -> dict[int, int]:
+        """Rank -> pid of the ranks that run on this machine."""
+        me = socket.gethostname()
+        with self._lock:
+            return {r: s.pid for r, s in self.ranks.items() if s.host == me}
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close()

@@ -1,0 +1,76 @@
+"""Stopping the processes of a job, by pid, within a bounded time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+
+def stop(processes: list[psutil.Process], grace_s: float = 5.0) -> list[int]:
+    """SIGTERM (after SIGCONT, so stopped processes can act on it), then SIGKILL.
+
+    Only the given processes are signalled: ones we started, or that reported
+    themselves as ranks of this job. Returns the pids that had to be killed.
+    """
+    alive = [p for p in processes if _running(p)]
+    for p in alive:
+        _signal(p, signal.SIGCONT)
+        _signal(p, signal.SIGTERM)
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        _signal(p, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in alive]
+
+
+def stop_group(pgid: int, grace_s: float = 5.0) -> None:
+    """Terminate a process group we created (``start_new_session=True``)."""
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def process_for(pid: int) -> psutil.Process | None:
+    """A handle that stays tied to this process even if the pid is reused later."""
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return False
