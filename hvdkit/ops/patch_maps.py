@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from .. import collectives, runtime
 from ..errors import ConfigurationError
-from ._args import is_int
+from ._args import is_int, rank_and_size
 from .patches import _check_index, _grid, _Plan, slice_patches
 
 __all__ = ["patch_columns", "rank_patch", "replicated_shuffle"]
@@ -130,6 +130,7 @@ def rank_patch(
     *,
     index: int | None = None,
     rank: int | None = None,
+    size: int | None = None,
     column: str | int | None = None,
     mode: str = "pad",
     fill_value: float = 0,
@@ -140,17 +141,20 @@ def rank_patch(
     Only that patch is cut, not the whole grid. With 2 ranks and a 1 x 2
     grid, rank 0 keeps the left half of every image and rank 1 the right
     half; with a 2 x 2 grid and 4 ranks, rank ``r`` keeps patch ``r``; with 8
-    ranks, ranks ``r`` and ``r + 4`` keep the same patch. The dataset must
-    yield the same images in the same order on every rank: shuffle it with
-    :func:`replicated_shuffle`.
+    ranks, ranks ``r`` and ``r + 4`` keep the same patch. The number of
+    patches must divide the job size, so that every patch is kept by the same
+    number of ranks (as for :func:`hvdkit.ops.slice_inputs`); pass ``index``
+    to choose freely. The dataset must yield the same images in the same
+    order on every rank: shuffle it with :func:`replicated_shuffle`.
 
     Args:
         num_height, num_width, mode, fill_value, data_format: as in
             :func:`slice_patches`.
         index: the patch to keep, ``0 <= index < num_height*num_width``.
             ``None`` keeps patch ``rank % (num_height * num_width)``.
-        rank: this process's rank; ``None`` reads ``hvdkit.rank()`` (call
-            ``hvdkit.init()`` first). Used only when ``index`` is ``None``.
+        rank, size: this process's rank and the job size; ``None`` reads
+            ``hvdkit.rank()`` / ``hvdkit.size()`` (call ``hvdkit.init()``
+            first). Used only when ``index`` is ``None``.
         column: the image's key (dict elements, default ``"image"``) or
             position (tuples, default 0); the patch takes its place.
 
@@ -158,7 +162,8 @@ def rank_patch(
         A function to pass to ``tf.data.Dataset.map``.
 
     Raises:
-        ConfigurationError: ``index`` outside the grid, or a bad grid argument.
+        ConfigurationError: ``index`` outside the grid, a grid whose number of
+            patches does not divide the job size, or a bad grid argument.
 
     Example:
         >>> ds = replicated_shuffle(ds, 1000, seed=1000)
@@ -167,13 +172,19 @@ def rank_patch(
     what = "rank_patch"
     grid = _grid(num_height, num_width, mode, what)
     if index is None:
-        rank = runtime.rank() if rank is None else rank
-        if not is_int(rank) or rank < 0:
+        rank, size = rank_and_size(rank, size, what)
+        if size % grid.num_patches:
+            kept = {r % grid.num_patches for r in range(size)}
+            left = [k for k in range(grid.num_patches) if k not in kept]
+            why = f"patches {left} would be kept by no rank"
+            if not left:
+                why = "some patches would be kept by more ranks than others"
             raise ConfigurationError(
-                f"{what}: rank={rank!r} must be a non-negative int; leave it as None to use "
-                "hvdkit.rank()."
+                f"{what}: a {num_height}x{num_width} grid has {grid.num_patches} patches, which "
+                f"does not divide the job size {size}: {why}. Use a grid whose number of "
+                f"patches divides {size}, or pass index= to choose each rank's patch."
             )
-        index = int(rank) % grid.num_patches
+        index = rank % grid.num_patches
     _check_index(index, grid, what)
     index = int(index)
 

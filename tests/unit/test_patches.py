@@ -102,7 +102,7 @@ def cases(draw, divisible=False):
 
 
 # --------------------------------------------------------------------------- slicing
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(case=cases(), mode=st.sampled_from(["pad", "drop"]))
 def test_slice_patches_matches_numpy_reference(case, mode):
     x, nh, nw, data_format, _ = case
@@ -116,7 +116,7 @@ def test_slice_patches_matches_numpy_reference(case, mode):
         np.testing.assert_array_equal(g.numpy(), w, err_msg=f"patch {k}")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(case=cases(divisible=True), mode=st.sampled_from(["pad", "drop"]))
 def test_merge_inverts_slice_when_sizes_divide(case, mode):
     x, nh, nw, data_format, _ = case
@@ -127,7 +127,7 @@ def test_merge_inverts_slice_when_sizes_divide(case, mode):
     np.testing.assert_array_equal(stacked.numpy(), x)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(case=cases())
 def test_merge_with_original_size_crops_the_pad(case):
     x, nh, nw, data_format, (height, width) = case
@@ -255,7 +255,9 @@ def test_rank_patch_keeps_rank_modulo_grid_or_explicit_index(size_one):
     images = np.arange(3 * 5 * 7, dtype=np.int32).reshape(3, 1, 5, 7)  # NCHW, one channel
     ds = tf.data.Dataset.from_tensor_slices((images, np.arange(3)))
     for rank in range(8):  # every rank of an 8-rank job, 2x2 grid: patch rank % 4
-        mapped = ds.map(rank_patch(2, 2, rank=rank, fill_value=-1, data_format="channels_first"))
+        mapped = ds.map(
+            rank_patch(2, 2, rank=rank, size=8, fill_value=-1, data_format="channels_first")
+        )
         for i, (patch, label) in enumerate(mapped.as_numpy_iterator()):
             want = reference_slice(images[i], 2, 2, "pad", -1, "channels_first")[rank % 4]
             np.testing.assert_array_equal(patch, want)
@@ -266,7 +268,7 @@ def test_rank_patch_keeps_rank_modulo_grid_or_explicit_index(size_one):
     )  # 5x7 in a 2x2 grid of 3x4: patch 3 holds rows 3-4, cols 4-6
     want[:, :2, :3] = images[0][:, 3:, 4:]
     np.testing.assert_array_equal(next(iter(explicit))[0].numpy(), want)
-    default = next(iter(ds.map(rank_patch(1, 2, data_format="channels_first"))))[
+    default = next(iter(ds.map(rank_patch(1, 2, size=2, data_format="channels_first"))))[
         0
     ]  # hvdkit.rank() == 0
     np.testing.assert_array_equal(default.numpy(), images[0][:, :, :4])
@@ -332,7 +334,16 @@ IMG = np.zeros([5, 7, 3], np.uint8)
         (lambda: slice_patches(tf.constant([[["a"]]]), 1, 1), "dtype string is not supported"),
         (lambda: rank_patch(2, 2, index=4), "patch index 4 is outside the 2x2 grid"),
         (lambda: rank_patch(2, 2, index=-1), "numbered 0 to 3"),
-        (lambda: rank_patch(2, 2, rank=-2), "rank=-2 must be a non-negative int"),
+        (lambda: rank_patch(2, 2, rank=-2, size=4), "rank=-2 is outside the job's ranks [0, 4)"),
+        (
+            lambda: rank_patch(2, 2, rank=0, size=2),
+            "a 2x2 grid has 4 patches, which does not divide the job size 2: patches [2, 3] "
+            "would be kept by no rank",
+        ),
+        (
+            lambda: rank_patch(1, 2, rank=0, size=3),
+            "some patches would be kept by more ranks than others",
+        ),
         (lambda: PatchGrid(2, 2).position(4), "patch index 4 is outside"),
         (lambda: merge_patches([IMG] * 5, 2, 3), "got 5 patches for a 2x3 grid"),
         (lambda: merge_patches(np.zeros([4, 2, 2, 1]), 1, 2), "has 4 entries along its first"),
