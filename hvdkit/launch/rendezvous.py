@@ -1,0 +1,79 @@
+"""Scheduler/worker roles, configured by environment as in MindSpore's tutorials.
+
+    HVDKIT_ROLE=scheduler HVDKIT_WORKER_NUM=8 HVDKIT_SCHED_HOST=10.0.0.1 \
+        HVDKIT_SCHED_PORT=29500 hvdkitrun
+    HVDKIT_ROLE=worker HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_SCHED_PORT=29500 \
+        HVDKIT_JOB_TOKEN=... hvdkitrun python train.py
+
+MindSpore's ``MS_ROLE``, ``MS_WORKER_NUM``, ``MS_SCHED_HOST`` and
+``MS_SCHED_PORT`` are accepted as aliases. ``scripts/run_scheduler.sh`` and
+``scripts/run_workers.sh`` wrap these.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+
+from .. import config
+from ..errors import LaunchError
+
+DEFAULT_PORT = 29500
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def _int_setting(name: str, default: int | None) -> int:
+    raw = config.get(name)
+    if raw is None:
+        if default is None:
+            raise LaunchError(f"set {name} (e.g. {name}=2).")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"{name}={raw!r} is not a whole number.") from None
+
+
+def main(role: str, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", stream=sys.stderr)
+    host = config.get(config.SCHED_HOST, "127.0.0.1")
+    port = _int_setting(config.SCHED_PORT, DEFAULT_PORT)
+    timeout = float(config.get(config.SCHED_TIMEOUT, str(DEFAULT_TIMEOUT_S)))
+    token = config.get(config.JOB_TOKEN)
+    if role == "scheduler":
+        from .scheduler import Scheduler
+
+        if argv:
+            raise LaunchError(f"the scheduler runs no program; got {argv}. Give it to the workers.")
+        if token is None:
+            token = secrets.token_hex(16)
+            print(
+                f"[scheduler] job token: {token}  (give it to every worker as HVDKIT_JOB_TOKEN)",
+                file=sys.stderr,
+                flush=True,
+            )
+        token_file = config.get(config.TOKEN_FILE)
+        if token_file:
+            import os
+
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+        sched = Scheduler(host, port, _int_setting(config.WORKER_NUM, None), token, timeout)
+        return sched.run()
+    if role == "worker":
+        from .worker import run_worker
+
+        if not argv:
+            raise LaunchError("a worker needs the program to run, e.g. hvdkitrun python train.py")
+        if token is None:
+            raise LaunchError(
+                "the worker has no job token: set HVDKIT_JOB_TOKEN to the token the scheduler "
+                "printed (or set it for both before starting them)."
+            )
+        return run_worker(host, port, token, argv, timeout, config.get(config.LOG_DIR))
+    raise LaunchError(f"HVDKIT_ROLE={role!r} is not a role; use 'scheduler' or 'worker'.")

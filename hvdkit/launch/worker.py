@@ -1,0 +1,149 @@
+"""A worker of a multi-node job without SSH (MindSpore's worker role).
+
+Registers with the scheduler, receives its rank and Horovod's Gloo
+rendezvous settings, runs the training command with them, reports how it
+ended, and stops it if the scheduler says another rank failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import psutil
+
+from .. import config
+from ..errors import LaunchError
+from . import processes
+from .output import RankOutput
+from .protocol import Channel
+
+log = logging.getLogger("hvdkit.worker")
+_ROLE_VARS = (config.ROLE, *config.MINDSPORE_ALIASES.values())
+
+
+def interface_for(address: str) -> str:
+    """Name of the network interface that holds ``address`` (for HOROVOD_GLOO_IFACE)."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    raise LaunchError(f"no network interface has the address {address}; cannot set up Gloo.")
+
+
+def connect(host: str, port: int, timeout_s: float) -> Channel:
+    """Connect to the scheduler, retrying until it is up or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, port), timeout=5)
+            sock.settimeout(None)  # the job may wait long for other workers
+            return Channel(sock)
+        except OSError as exc:
+            last = exc
+            time.sleep(0.5)
+    raise LaunchError(
+        f"cannot reach the scheduler at {host}:{port} within {timeout_s:g} s ({last}); check "
+        "HVDKIT_SCHED_HOST/HVDKIT_SCHED_PORT and that the scheduler is running."
+    )
+
+
+def horovod_env(assign: dict, sched_host: str, iface: str) -> dict[str, str]:
+    """The variables Horovod's Gloo launcher gives each process."""
+    return {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": sched_host,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(assign["rendezvous_port"]),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+        "HOROVOD_HOSTNAME": assign["hostname"],
+        "HOROVOD_RANK": str(assign["rank"]),
+        "HOROVOD_SIZE": str(assign["size"]),
+        "HOROVOD_LOCAL_RANK": str(assign["local_rank"]),
+        "HOROVOD_LOCAL_SIZE": str(assign["local_size"]),
+        "HOROVOD_CROSS_RANK": str(assign["cross_rank"]),
+        "HOROVOD_CROSS_SIZE": str(assign["cross_size"]),
+    }
+
+
+def run_worker(
+    sched_host: str,
+    sched_port: int,
+    token: str,
+    command: list[str],
+    timeout_s: float,
+    log_dir: str | None,
+) -> int:
+    ch = connect(sched_host, sched_port, timeout_s)
+    ch.send(type="register", token=token, hostname=socket.gethostname(), pid=os.getpid())
+    msg = ch.recv()
+    if msg is None or msg.get("type") == "refused":
+        reason = (msg or {}).get("reason", "connection closed")
+        raise LaunchError(
+            f"the scheduler at {sched_host}:{sched_port} refused this worker: {reason}. Use the "
+            "job token the scheduler printed (HVDKIT_JOB_TOKEN) and the scheduler's port."
+        )
+    if msg.get("type") == "abort":
+        raise LaunchError(f"the scheduler stopped the job before it started: {msg.get('reason')}")
+    if msg.get("type") != "assign":
+        raise LaunchError(f"unexpected message from the scheduler: {msg}")
+    rank = msg["rank"]
+    iface = interface_for(ch.sock.getsockname()[0])
+    env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
+    env.update(horovod_env(msg, sched_host, iface))
+    log.info(
+        "rank %d of %d (local %d of %d) on %s",
+        rank,
+        msg["size"],
+        msg["local_rank"],
+        msg["local_size"],
+        iface,
+    )
+
+    out = RankOutput(log_dir)
+    child = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+    )
+    pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
+    aborted: list[str] = []
+
+    def listen():
+        m = ch.recv() if child.poll() is None else None
+        if m is not None and m.get("type") == "abort":
+            aborted.append(str(m.get("reason")))
+            processes.stop([psutil.Process(child.pid)])
+
+    threading.Thread(target=listen, daemon=True).start()
+    code = child.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    out.close()
+    if code < 0:
+        detail = f"killed by signal {-code} ({signal.Signals(-code).name})"
+    else:
+        detail = f"exit code {code}"
+    if aborted:
+        log.error("rank %d stopped: %s", rank, aborted[0])
+    try:
+        ch.send(type="exit", code=code, detail=detail, tail=out.tail(rank))
+    except OSError:
+        pass
+    ch.close()
+    if aborted and code == 0:
+        return 1
+    return code if code > 0 else (1 if code else 0)
+
+
+def _pump(out: RankOutput, rank: int, pipe, stream: str) -> threading.Thread:
+    def loop():
+        for line in pipe:
+            out.rank_line(rank, stream, line.rstrip("\n"))
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
