@@ -234,7 +234,8 @@ def test_sampler_dataset_reads_the_rest_of_the_epoch_from_arrays_and_datasets():
         s.dataset(x[:9])
 
 
-def test_position_callback_follows_fit_batch_by_batch():
+@pytest.mark.parametrize("steps_per_execution, want", [(1, [5, 8, 10]), (2, [8, 10])])
+def test_position_callback_follows_fit_batch_by_batch(steps_per_execution, want):
     x = np.random.default_rng(0).normal(size=(10, 3)).astype("float32")
     y = np.arange(10) % 2
     sampler = ShardSampler(10, 1, 0, shuffle=True, seed=1)
@@ -243,17 +244,19 @@ def test_position_callback_follows_fit_batch_by_batch():
         on_train_batch_end=lambda batch, logs: positions.append(sampler.position)
     )
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    sampler.advance(2)  # resumed after 2 samples
-    ds = sampler.dataset((x, y)).batch(3)
+    model.compile(
+        "sgd",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
+    sampler.advance(2)  # resumed after 2 samples: 8 left, batches of 3
     cb = ShardPositionCallback(sampler, 3)
-    model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[cb, record])
-    assert positions == [5, 8, 10]
+    fit = dict(verbose=0, shuffle=False, callbacks=[cb, record])
+    model.fit(sampler.dataset((x, y)).batch(3), epochs=1, **fit)
+    assert positions == want
     sampler.set_epoch(1)
     with pytest.raises(hvdkit.ConfigurationError, match=r"second epoch \(1\)"):
-        model.fit(
-            sampler.dataset((x, y)).batch(3), epochs=2, verbose=0, shuffle=False, callbacks=[cb]
-        )
+        model.fit(sampler.dataset((x, y)).batch(3), epochs=2, **fit)
 
 
 # --------------------------------------------------------------------------- shard()
