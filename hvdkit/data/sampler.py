@@ -158,10 +158,13 @@ class ShardSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` snapshot.
 
+        A position past this shard's length (possible in uneven mode, where
+        shards differ by one) is clipped to it.
+
         Raises:
             ShardingError: the snapshot was taken with other settings (a
                 position means nothing for another ``N``, ``S``, seed or mode),
-                or its position is past this shard's epoch length.
+                or keys are missing.
         """
         mine = self.state_dict()
         missing = sorted(set(mine) - set(state))
@@ -227,7 +230,7 @@ class ShardPositionCallback(keras.callbacks.Callback):
     ``state_dict()`` can be saved next to a mid-epoch checkpoint.
 
     Args:
-        sampler: The sampler whose :meth:`ShardSampler.dataset` is being fit.
+        sampler: The sampler whose :meth:`ShardSampler.dataset` is being fitted.
         batch_size: Samples per batch on this rank (the last batch may be smaller).
 
     Example:

@@ -1,4 +1,4 @@
-"""Which samples each rank reads: index math, epoch/resume state, ``shard()``.
+"""Which samples each rank reads: the index math, and ``shard()`` for files and datasets.
 
 Every rank computes its own share from ``(num_samples, num_shards, shard_id,
 seed, epoch)`` alone, so no communication is needed to agree on it. With
@@ -34,7 +34,7 @@ from .. import collectives, runtime
 from ..errors import ConfigurationError, NotInitializedError, ShardingError
 from . import _pipeline
 
-__all__ = ["MODES", "ShardingWarning", "shard_indices", "resolve_shards", "shard"]
+__all__ = ["MODES", "ShardingWarning", "shard_indices", "shard"]
 
 MODES = ("pad", "drop", "uneven")
 
@@ -49,7 +49,10 @@ class ShardingWarning(UserWarning):
 
 
 # --------------------------------------------------------------------------- checks
+# check_int, check_shard_args, resolve_shards and shard_length are shared with
+# sampler.py; they are not part of hvdkit.data's public API.
 def check_int(name: str, value: Any, minimum: int, fix: str) -> int:
+    """``value`` as an int, or a ShardingError naming it, the minimum and ``fix``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ShardingError(f"{name}={value!r} is not an integer; {fix}")
     if value < minimum:
@@ -76,7 +79,9 @@ def check_shard_args(num_samples, num_shards, shard_id, mode, seed=0, epoch=0) -
             f"between 0 and {num_shards - 1} (usually hvdkit.rank())."
         )
     if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
-        raise ShardingError(f"num_samples={num_samples!r} is not an integer.")
+        raise ShardingError(
+            f"num_samples={num_samples!r} is not an integer; pass the dataset's length."
+        )
     if num_samples < 1:
         raise ShardingError(
             f"num_samples={num_samples}: the dataset is empty, so there is nothing to shard; "
@@ -132,6 +137,7 @@ def resolve_shards(num_shards: int | None, shard_id: int | None) -> tuple[int, i
 
 # --------------------------------------------------------------------------- index math
 def shard_length(num_samples: int, num_shards: int, shard_id: int, mode: str) -> int:
+    """``len(shard_indices(num_samples, num_shards, shard_id, mode=mode))``, without building it."""
     if mode == "pad":
         return -(-num_samples // num_shards)
     if mode == "drop":
@@ -142,8 +148,8 @@ def shard_length(num_samples: int, num_shards: int, shard_id: int, mode: str) ->
 def _order(num_samples: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
-    # A counter-based seed sequence: every rank draws the same permutation
-    # from (seed, epoch) with no communication, and epochs do not correlate.
+    # SeedSequence hashes (seed, epoch) together: every rank draws the same
+    # permutation without communicating, and neighbouring epochs are unrelated.
     return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64)
 
 
@@ -163,7 +169,8 @@ def shard_indices(
     (``0..N-1``, or its ``(seed, epoch)`` permutation when ``shuffle``):
 
     * ``"pad"``: ``ceil(N/S)`` indices; positions past ``N`` wrap to the start,
-      so the first ``ceil(N/S)*S - N`` samples of the list are read twice.
+      so the first ``ceil(N/S)*S - N`` samples of the list are read twice
+      (more often when ``S > N``).
     * ``"drop"``: ``floor(N/S)`` indices; the last ``N % S`` samples are skipped.
     * ``"uneven"``: every sample exactly once; shard sizes differ by at most one.
 
@@ -233,7 +240,7 @@ def shard(
       counts only its own files and the totals are exchanged, so every rank
       must call ``shard`` together). With fewer files than shards every rank
       reads all files and keeps its elements, with a :class:`ShardingWarning`.
-    * Anything else is sharded **by element**, as in :meth:`ShardSampler.dataset`:
+    * Anything else is sharded **by element**, as in :meth:`~hvdkit.data.ShardSampler.dataset`:
       readers, arrays and random-access datasets are read by index, so only
       this rank's elements are decoded; other datasets are filtered.
       A ``tf.data.Dataset`` of unknown length can only be sharded with
