@@ -128,12 +128,13 @@ def _check_index(index, grid: PatchGrid, what: str) -> None:
         )
 
 
-def _check_fits(grid: PatchGrid, height: int, width: int, what: str, context: str) -> None:
+def _check_fits(grid: PatchGrid, height, width, what: str, context: str) -> None:
+    """Raise if the grid has more rows/columns than the image; ``None`` sizes are skipped."""
     for n, name, dim, dim_name in (
         (grid.num_height, "num_height", height, "height"),
         (grid.num_width, "num_width", width, "width"),
     ):
-        if n > dim:
+        if dim is not None and n > dim:
             raise ConfigurationError(
                 f"{what}: {name}={n} is larger than the image {dim_name} {dim}{context}; "
                 f"each patch needs at least one pixel of the image: use {name} <= {dim}."
@@ -228,9 +229,8 @@ class _Plan:
         self.h_axis, self.w_axis = _spatial_axes(x, data_format, what)
         _check_dtype(x.dtype, what)
         self.fill = _check_fill(fill_value, x.dtype, what) if grid.mode == "pad" else None
-        height, width = x.shape[self.h_axis], x.shape[self.w_axis]
-        if height is not None and width is not None:
-            _check_fits(grid, height, width, what, f" (shape {x.shape.as_list()}, {data_format})")
+        context = f" (shape {x.shape.as_list()}, {data_format})"
+        _check_fits(grid, x.shape[self.h_axis], x.shape[self.w_axis], what, context)
         self.height, x = _static_or_checked(x, self.h_axis, grid.num_height, "num_height", what)
         self.width, x = _static_or_checked(x, self.w_axis, grid.num_width, "num_width", what)
         self.x, self.grid = x, grid

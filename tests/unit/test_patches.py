@@ -229,6 +229,13 @@ def test_inside_tf_function_with_unknown_height_and_width():
         tf.errors.InvalidArgumentError, match="num_width=3 is larger than the image"
     ):
         f(np.zeros([1, 4, 2, 3], np.uint8))
+    # a known width is checked while tracing, an unknown height when the data arrives
+    half = tf.TensorSpec([None, 2, 3], tf.float32)
+    traced = tf.function(lambda t: slice_patches(t, 1, 3), input_signature=[half], autograph=False)
+    with pytest.raises(
+        hvdkit.ConfigurationError, match="num_width=3 is larger than the image width 2"
+    ):
+        traced.get_concrete_function()
 
 
 def test_patch_columns_dict_and_tuple_elements():
