@@ -210,7 +210,8 @@ def replicated_shuffle(
     0 and broadcast. When the job has several ranks it also checks that the
     ranks' global TensorFlow seeds (``tf.random.set_seed``), which TensorFlow
     mixes into the shuffle, agree. The pipeline is made deterministic so that
-    parallel ``map`` calls after it keep the order.
+    parallel ``map`` calls after it keep the order. In a job of several ranks
+    this is a collective call: every rank must call it, in the same order.
 
     Args:
         dataset: a ``tf.data.Dataset`` built identically on every rank.
