@@ -6,6 +6,8 @@ Nothing outside this module should test versions or poke at private APIs.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -91,3 +93,34 @@ def no_automatic_dependency_tracking(method):
     from keras.src.utils import tracking
 
     return tracking.no_automatic_dependency_tracking(method)
+
+
+# Keras 3's TensorFlow trainer (checked on 3.10-3.15) trains by calling
+# ``model.train_function(iterator)`` once per ``steps_per_execution`` steps,
+# with the tf.data iterator of the fit call, and builds that function only
+# while the attribute is None; evaluation uses ``model.test_function`` the same
+# way, with the same ``steps_per_execution``. hvdkit's sink mode
+# (:func:`hvdkit.sink.train`) puts its own multi-step function there for one
+# fit call and restores the model afterwards. There is no public hook for it.
+@contextlib.contextmanager
+def keras_train_function(model, function, steps_per_execution: int):
+    saved = (model.train_function, model.test_function, model.steps_per_execution)
+    model.train_function = function
+    # A test function built for another steps_per_execution would evaluate
+    # only part of the validation data: let Keras build one for this fit.
+    model.test_function = None
+    model.steps_per_execution = steps_per_execution
+    try:
+        yield
+    finally:
+        model.train_function, model.test_function, model.steps_per_execution = saved
+
+
+def keras_compile_token(model) -> object:
+    """An object that is replaced each time ``model.compile`` runs.
+
+    Keras 3 keeps no public compile counter; ``_compile_config`` is rebuilt by
+    every ``compile`` call, so its identity tells a recompiled model (new
+    optimizer, loss or metrics) from an unchanged one.
+    """
+    return getattr(model, "_compile_config", None)

@@ -17,6 +17,7 @@ __all__ = [
     "ShardingError",
     "DataFormatError",
     "LaunchError",
+    "InputPipelineError",
 ]
 
 
@@ -50,3 +51,16 @@ class DataFormatError(HvdkitError, ValueError):
 
 class LaunchError(HvdkitError, RuntimeError):
     """Starting, rendezvous or supervision of a multi-process job failed."""
+
+
+class InputPipelineError(HvdkitError, RuntimeError):
+    """The input pipeline (a bad record, a failing map function) failed during a sink.
+
+    Raised by :mod:`hvdkit.sink` in place of TensorFlow's error, which is
+    chained as ``__cause__`` and quoted in the message. ``step`` is the
+    0-based index of the training step whose batch could not be produced.
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
