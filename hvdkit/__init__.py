@@ -9,99 +9,129 @@ A Horovod user's script needs only its import changed::
     model.fit(ds, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 Without a launcher the same script runs as a job of size 1.
+
+Names are loaded on first use, so that ``hvdkitrun`` and the scheduler, which
+need no TensorFlow, start in a fraction of a second; ``import hvdkit`` has no
+other side effect.
 """
 
-from . import callbacks
-from .backends import ReduceOp
-from .collectives import (
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allgather_object,
-    allreduce,
-    alltoall,
-    broadcast,
-    broadcast_object,
-    broadcast_variables,
-    grouped_allreduce,
-    neighbor_exchange,
-    reducescatter,
-)
-from .compression import Compression
-from .errors import (
-    CollectiveError,
-    CollectiveMismatchError,
-    ConfigurationError,
-    DataFormatError,
-    HvdkitError,
-    LaunchError,
-    NotInitializedError,
-    ShardingError,
-)
-from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
-from .runtime import (
-    backend_name,
-    barrier,
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
+# public name -> module that defines it (a name equal to its module is the module)
+_EXPORTS = {
     # runtime
-    "init",
-    "shutdown",
-    "is_initialized",
-    "rank",
-    "size",
-    "local_rank",
-    "local_size",
-    "cross_rank",
-    "cross_size",
-    "barrier",
-    "backend_name",
+    "init": "runtime",
+    "shutdown": "runtime",
+    "is_initialized": "runtime",
+    "rank": "runtime",
+    "size": "runtime",
+    "local_rank": "runtime",
+    "local_size": "runtime",
+    "cross_rank": "runtime",
+    "cross_size": "runtime",
+    "barrier": "runtime",
+    "backend_name": "runtime",
     # collectives
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Product",
-    "allreduce",
-    "grouped_allreduce",
-    "allgather",
-    "broadcast",
-    "broadcast_variables",
-    "reducescatter",
-    "alltoall",
-    "neighbor_exchange",
-    "broadcast_object",
-    "allgather_object",
+    "ReduceOp": "collectives",
+    "Average": "collectives",
+    "Sum": "collectives",
+    "Min": "collectives",
+    "Max": "collectives",
+    "Product": "collectives",
+    "allreduce": "collectives",
+    "grouped_allreduce": "collectives",
+    "allgather": "collectives",
+    "broadcast": "collectives",
+    "broadcast_variables": "collectives",
+    "reducescatter": "collectives",
+    "alltoall": "collectives",
+    "neighbor_exchange": "collectives",
+    "broadcast_object": "collectives",
+    "allgather_object": "collectives",
     # training
-    "DistributedOptimizer",
-    "DistributedGradientTape",
-    "reduce_gradients",
-    "Compression",
-    "callbacks",
+    "DistributedOptimizer": "optimizer",
+    "DistributedGradientTape": "optimizer",
+    "reduce_gradients": "optimizer",
+    "Compression": "compression",
+    "callbacks": "callbacks",
+    # data, ops
+    "data": "data",
+    "ops": "ops",
     # errors
-    "HvdkitError",
-    "NotInitializedError",
-    "CollectiveError",
-    "CollectiveMismatchError",
-    "ConfigurationError",
-    "ShardingError",
-    "DataFormatError",
-    "LaunchError",
-    "__version__",
-]
+    "HvdkitError": "errors",
+    "NotInitializedError": "errors",
+    "CollectiveError": "errors",
+    "CollectiveMismatchError": "errors",
+    "ConfigurationError": "errors",
+    "ShardingError": "errors",
+    "DataFormatError": "errors",
+    "LaunchError": "errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'hvdkit' has no attribute {name!r}")
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if name == module_name else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
+    from . import callbacks, data, ops  # noqa: F401
+    from .collectives import (  # noqa: F401
+        Average,
+        Max,
+        Min,
+        Product,
+        ReduceOp,
+        Sum,
+        allgather,
+        allgather_object,
+        allreduce,
+        alltoall,
+        broadcast,
+        broadcast_object,
+        broadcast_variables,
+        grouped_allreduce,
+        neighbor_exchange,
+        reducescatter,
+    )
+    from .compression import Compression  # noqa: F401
+    from .errors import (  # noqa: F401
+        CollectiveError,
+        CollectiveMismatchError,
+        ConfigurationError,
+        DataFormatError,
+        HvdkitError,
+        LaunchError,
+        NotInitializedError,
+        ShardingError,
+    )
+    from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients  # noqa: F401
+    from .runtime import (  # noqa: F401
+        backend_name,
+        barrier,
+        cross_rank,
+        cross_size,
+        init,
+        is_initialized,
+        local_rank,
+        local_size,
+        rank,
+        shutdown,
+        size,
+    )

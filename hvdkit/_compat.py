@@ -2,16 +2,17 @@
 
 Each item says why it exists, so it can be deleted when the reason goes away.
 Nothing outside this module should test versions or poke at private APIs.
+TensorFlow and Keras are imported inside the functions that need them, so the
+launcher (which needs neither) can use the Horovod launch quirks cheaply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import socket
 
-import keras
-import tensorflow as tf
-
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LaunchError
 
 # Horovod 0.28.1's ``horovod.tensorflow.keras.DistributedOptimizer`` accepts a
 # Keras 3 optimizer, but Keras 3's trainer calls ``optimizer.apply()``, a path
@@ -20,13 +21,48 @@ from .errors import ConfigurationError
 # and reduces gradients itself with horovod.tensorflow's collectives.
 HOROVOD_KERAS_FRONTEND_IS_BROKEN_ON_KERAS3 = True
 
-KERAS_MAJOR = int(keras.__version__.split(".")[0])
-if KERAS_MAJOR < 3:  # pragma: no cover - depends on the installed Keras
-    raise ImportError(
-        f"hvdkit needs Keras 3 (found keras {keras.__version__}); "
-        "install it with `pip install 'keras>=3'`, or use horovod.tensorflow.keras "
-        "directly for tf.keras 2."
-    )
+
+def require_keras3() -> None:
+    """hvdkit's optimizer wrapper is written against Keras 3's optimizer API."""
+    import keras
+
+    if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - installation
+        raise ImportError(
+            f"hvdkit needs Keras 3 (found keras {keras.__version__}); "
+            "install it with `pip install 'keras>=3'`, or use horovod.tensorflow.keras "
+            "directly for tf.keras 2."
+        )
+
+
+def check_gloo_hostname(rendezvous_host: str) -> None:
+    """Refuse a cross-host Gloo job that Horovod 0.28.1 would break.
+
+    Horovod 0.28.1 builds the Gloo context of its global process set
+    (``GlooContext::InitializeForProcessSet``) with the process set's own,
+    empty ``gloo_iface_`` instead of ``HOROVOD_GLOO_IFACE``, so Gloo falls back
+    to the address this machine's host name resolves to. Where that is a
+    loopback address (Debian's ``127.0.1.1 host`` line, containers), peers on
+    other machines are told to connect to 127.0.0.1 and the job aborts with
+    "connect [127.0.0.1]: Connection refused". Jobs on one machine are fine.
+    """
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(rendezvous_host)).is_loopback:
+            return
+    except (OSError, ValueError):
+        return
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = None
+    if resolved is None or ipaddress.ip_address(resolved).is_loopback:
+        raise LaunchError(
+            f"this machine's host name {name!r} resolves to {resolved or 'nothing'}, but the "
+            f"job spans machines (scheduler at {rendezvous_host}). Horovod 0.28.1's Gloo "
+            "uses that address for part of its setup, so other machines could not connect. "
+            f"Make {name!r} resolve to the address other machines reach this one at (an "
+            "/etc/hosts line such as '10.0.0.2 " + name + "'), then start the worker again."
+        )
 
 
 def in_xla_context() -> bool:
@@ -39,6 +75,8 @@ def in_xla_context() -> bool:
     and raise a message that says what to change. Uses a private TF helper;
     there is no public equivalent in TF 2.21.
     """
+    import tensorflow as tf
+
     if tf.executing_eagerly():
         return False
     try:
@@ -66,6 +104,8 @@ def set_intra_op_threads(threads: int) -> bool:
     TensorFlow fixes its thread pools when the first op runs and raises
     RuntimeError on later changes, so this can only take effect early.
     """
+    import tensorflow as tf
+
     if tf.config.threading.get_intra_op_parallelism_threads() == threads:
         return True
     try:
@@ -77,10 +117,14 @@ def set_intra_op_threads(threads: int) -> bool:
 
 def serialize_keras_object(obj):
     """Keras 3 moved (de)serialization helpers under ``keras.saving``."""
+    import keras
+
     return keras.saving.serialize_keras_object(obj)
 
 
 def deserialize_keras_object(config, custom_objects=None):
+    import keras
+
     return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
 
 

@@ -19,6 +19,8 @@ from .backends import ReduceOp
 from .compression import Compression, Compressor
 from .errors import ConfigurationError
 
+_compat.require_keras3()
+
 __all__ = ["DistributedOptimizer", "DistributedGradientTape", "reduce_gradients"]
 
 _GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)

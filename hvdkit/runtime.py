@@ -69,6 +69,10 @@ def init(
         (0, 1)
     """
     global _backend
+    # Registers DistributedOptimizer with Keras, so that keras.models.load_model
+    # finds it in any script that started hvdkit (hvdkit's names load lazily).
+    from . import optimizer  # noqa: F401
+
     if _backend is not None:
         return
     name = backend or config.get(config.BACKEND)

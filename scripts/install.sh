@@ -15,7 +15,7 @@ PY_BIN="${HVDKIT_PYTHON:-python3.11}"
 TF_VERSION="2.21.0"
 KERAS_VERSION="3.15.1"
 HOROVOD_VERSION="0.28.1"
-APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev iproute2)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0

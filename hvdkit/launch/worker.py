@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from .. import config
+from .. import _compat, config
 from ..errors import LaunchError
 from . import processes
 from .output import RankOutput
@@ -79,6 +79,7 @@ def run_worker(
     timeout_s: float,
     log_dir: str | None,
 ) -> int:
+    _compat.check_gloo_hostname(sched_host)
     ch = connect(sched_host, sched_port, timeout_s)
     ch.send(type="register", token=token, hostname=socket.gethostname(), pid=os.getpid())
     msg = ch.recv()

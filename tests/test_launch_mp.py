@@ -1,0 +1,367 @@
+"""Launching: horovodrun, mpirun, hvdkitrun and the scheduler/worker scripts.
+
+The same small training (tests/multiproc/launch_train.py) must end with the
+same weights whichever way it is started, and every failure mode must end
+the job non-zero, naming the rank, within a bounded time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env
+
+TRAIN = str(MULTIPROC / "launch_train.py")
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weights(outdir: Path) -> list[np.ndarray]:
+    return [np.load(outdir / f"weights.rank{r}.npy") for r in (0, 1)]
+
+
+def pids(outdir: Path) -> list[int]:
+    return [int((outdir / f"pid.rank{r}").read_text()) for r in (0, 1)]
+
+
+def assert_gone(pid_list):
+    for pid in pid_list:
+        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        assert not alive, f"process {pid} is still running"
+
+
+def run(cmd, tmp_path, timeout=300, env_extra=None):
+    env = launcher_env()
+    env.update(env_extra or {})
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path
+    )
+    proc.seconds = time.monotonic() - t0
+    proc.output = proc.stdout + proc.stderr
+    return proc
+
+
+def sched_env(port, token="test-token", worker_num=2, **extra):
+    env = {
+        "HVDKIT_SCHED_PORT": str(port),
+        "HVDKIT_JOB_TOKEN": token,
+        "HVDKIT_WORKER_NUM": str(worker_num),
+        "HVDKIT_SCHED_TIMEOUT": "60",
+    }
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start(cmd, env_extra, cwd, netns=None):
+    env = launcher_env()
+    env.update(env_extra)
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
+    )
+
+
+def finish(proc, timeout=180):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def scheduler_job(
+    tmp_path,
+    outdir,
+    port,
+    *train_args,
+    token="test-token",
+    netns=(None, None, None),
+    sched_host="127.0.0.1",
+):
+    """run_scheduler.sh + one run_workers.sh per worker; returns (codes, outputs)."""
+    env = sched_env(port, token, HVDKIT_SCHED_HOST=sched_host)
+    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path, netns[0])
+    time.sleep(0.5)
+    workers = [
+        start(
+            [str(REPO / "scripts" / "run_workers.sh"), "1", PY, TRAIN, str(outdir), *train_args],
+            env,
+            tmp_path,
+            ns,
+        )
+        for ns in netns[1:]
+    ]
+    results = [finish(p) for p in [sched, *workers]]
+    return [c for c, _ in results], [o for _, o in results]
+
+
+# ------------------------------------------------------------------ success paths
+def test_same_weights_under_every_launcher(tmp_path):
+    results = {}
+    launchers = {
+        "horovodrun-gloo": [str(VENV_BIN / "horovodrun"), "-np", "2", "--gloo", PY, TRAIN],
+        "horovodrun-mpi": [str(VENV_BIN / "horovodrun"), "-np", "2", "--mpi", PY, TRAIN],
+        "mpirun": ["mpirun", "-np", "2", "--bind-to", "none"]
+        + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+        + [PY, TRAIN],
+        "hvdkitrun-gloo": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--log-dir", "logs", PY, TRAIN],
+        "hvdkitrun-mpi": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--mpi", PY, TRAIN],
+    }
+    for name, cmd in launchers.items():
+        outdir = tmp_path / name
+        outdir.mkdir()
+        proc = run([*cmd, str(outdir)], tmp_path)
+        assert proc.returncode == 0, (name, proc.output[-3000:])
+        results[name] = weights(outdir)
+    outdir = tmp_path / "scheduler"
+    outdir.mkdir()
+    codes, outs = scheduler_job(tmp_path, outdir, free_port())
+    assert codes == [0, 0, 0], outs
+    assert "all 2 ranks finished successfully" in outs[0]
+    results["scheduler/worker"] = weights(outdir)
+
+    ref = results["horovodrun-gloo"][0]
+    assert ref.shape == (19,)  # 4*3 + 3 + 3*1 + 1 parameters
+    for name, (w0, w1) in results.items():
+        np.testing.assert_array_equal(w0, w1, err_msg=f"{name}: ranks differ")
+        np.testing.assert_allclose(w0, ref, rtol=1e-6, atol=1e-7, err_msg=name)
+
+    # hvdkitrun: rank-prefixed console, per-rank log files
+    log0 = (tmp_path / "logs" / "rank.0" / "stdout").read_text()
+    log1 = (tmp_path / "logs" / "rank.1" / "stdout").read_text()
+    assert log0.startswith("rank 0 of 2 (local 0/2)") and "rank 0 final loss" in log0
+    assert log1.startswith("rank 1 of 2 (local 1/2)") and "[rank" not in log1
+
+
+def test_hvdkitrun_prefixes_lines(tmp_path):
+    code = (
+        "import hvdkit, os; hvdkit.init(); "
+        "print('hi', hvdkit.rank(), os.environ['HOROVOD_CONTROLLER'])"
+    )
+    proc = run([str(VENV_BIN / "hvdkitrun"), "-np", "2", PY, "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.output
+    assert "[rank 0] hi 0 gloo" in proc.stdout and "[rank 1] hi 1 gloo" in proc.stdout
+
+
+def test_hvdkitrun_argument_errors(tmp_path):
+    hv = str(VENV_BIN / "hvdkitrun")
+    for args, fragment in [
+        ([PY, "x.py"], "say how many processes"),
+        (["-np", "2"], "no program given"),
+        (["-np", "3", "-H", "localhost:2", PY], "more than the 2 slots"),
+        (["-np", "4", "--nproc-per-node", "2", PY], "conflicts with --nproc-per-node"),
+        (["-H", "a", PY], "needs a slot count"),
+        (["-np", "2", "--stall-timeout", "0", PY], "must be positive"),
+    ]:
+        proc = run([hv, *args], tmp_path, timeout=60)
+        assert proc.returncode == 2, (args, proc.output)
+        assert fragment in proc.stderr, (args, proc.stderr)
+
+
+# ------------------------------------------------------------------ failures
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_hvdkitrun_failing_rank_is_named_and_job_stops(tmp_path, transport):
+    proc = run(
+        [
+            str(VENV_BIN / "hvdkitrun"),
+            "-np",
+            "2",
+            f"--{transport}",
+            PY,
+            TRAIN,
+            str(tmp_path),
+            "--fault",
+            "kill",
+            "--fault-rank",
+            "1",
+        ],
+        tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "hvdkitrun: rank 1 failed" in proc.stderr, proc.output[-3000:]
+    assert "injecting fault 'kill'" in proc.stderr.split("hvdkitrun: rank 1 failed")[-1]
+    assert proc.seconds < 60
+    assert_gone(pids(tmp_path))
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_hvdkitrun_stall_timeout_ends_a_frozen_job(tmp_path, transport):
+    proc = run(
+        [
+            str(VENV_BIN / "hvdkitrun"),
+            "-np",
+            "2",
+            f"--{transport}",
+            PY,
+            TRAIN,
+            str(tmp_path),
+            "--fault",
+            "stop",
+            "--fault-rank",
+            "1",
+        ],
+        tmp_path,
+        timeout=150,
+        env_extra={"HVDKIT_STALL_TIMEOUT": "20"},
+    )
+    assert proc.returncode == 124, proc.output[-3000:]
+    assert "hvdkitrun: rank 1 stalled: no heartbeat for" in proc.stderr
+    assert proc.seconds < 90, proc.seconds
+    assert_gone(pids(tmp_path))  # the SIGSTOPped rank was cleaned up too
+
+
+def test_scheduler_kill_one_worker_mid_training(tmp_path):
+    codes, outs = scheduler_job(
+        tmp_path, tmp_path, free_port(), "--fault", "kill", "--fault-rank", "1"
+    )
+    assert all(c != 0 for c in codes), (codes, outs)
+    assert "job failed: rank 1 killed by signal 9 (SIGKILL)" in outs[0], outs[0]
+    assert_gone(pids(tmp_path))
+
+
+def test_scheduler_times_out_when_a_worker_never_arrives(tmp_path):
+    port = free_port()
+    env = sched_env(port, HVDKIT_SCHED_TIMEOUT=5)
+    t0 = time.monotonic()
+    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    time.sleep(0.5)
+    worker = start([str(REPO / "scripts" / "run_workers.sh"), "1", PY, "-c", "pass"], env, tmp_path)
+    (sc, sout), (wc, wout) = finish(sched, 60), finish(worker, 60)
+    assert sc == 2 and wc != 0
+    assert "only 1 of 2 workers registered within 5 s (arrived: " in sout, sout
+    assert "the scheduler stopped the job before it started" in wout, wout
+    assert time.monotonic() - t0 < 30
+
+
+def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
+    port_a, port_b = free_port(), free_port()
+    env_a, env_b = sched_env(port_a, "token-a"), sched_env(port_b, "token-b")
+    show = [
+        PY,
+        "-c",
+        "import os; print('job', os.environ['HOROVOD_RANK'], "
+        "os.environ['HOROVOD_SIZE'], os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT'])",
+    ]
+    sched_a = start([str(REPO / "scripts" / "run_scheduler.sh")], env_a, tmp_path)
+    sched_b = start([str(REPO / "scripts" / "run_scheduler.sh")], env_b, tmp_path)
+    time.sleep(0.5)
+    intruder = start(
+        [str(REPO / "scripts" / "run_workers.sh"), "1", *show],
+        {**env_b, "HVDKIT_SCHED_PORT": str(port_a)},
+        tmp_path,
+    )
+    ic, iout = finish(intruder, 60)
+    assert ic != 0 and "refused this worker: bad job token" in iout, iout
+    wa = start([str(REPO / "scripts" / "run_workers.sh"), "2", *show], env_a, tmp_path)
+    wb = start([str(REPO / "scripts" / "run_workers.sh"), "2", *show], env_b, tmp_path)
+    results = [finish(p, 60) for p in (wa, wb, sched_a, sched_b)]
+    assert [c for c, _ in results] == [0, 0, 0, 0], results
+    assert "refused a worker from 127.0.0.1" in results[2][1]
+    for _, out in results[:2]:
+        lines = [ln.split("] ", 1)[1] for ln in out.splitlines() if "] job " in ln]
+        assert sorted(ln.split()[1:3] for ln in lines) == [["0", "2"], ["1", "2"]], out
+        assert len({ln.split()[3] for ln in lines}) == 1  # one rendezvous per job
+    ports = {out.split("] job ")[1].split()[2] for _, out in results[:2]}
+    assert len(ports) == 2  # the two jobs used different rendezvous servers
+
+
+def test_scheduler_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = run(
+            [str(REPO / "scripts" / "run_scheduler.sh")],
+            tmp_path,
+            timeout=60,
+            env_extra=sched_env(port),
+        )
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
+
+
+# ------------------------------------------------------------------ two hosts on one machine
+NETNS_REASON = None
+if os.geteuid() != 0:
+    NETNS_REASON = "needs root to create network namespaces"
+elif shutil.which("ip") is None:
+    NETNS_REASON = "needs the 'ip' command (Debian package iproute2)"
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces A (10.213.7.1) and B (10.213.7.2) joined by a veth pair."""
+    tag = str(os.getpid() % 100000)
+    a, b = f"hvdka{tag}", f"hvdkb{tag}"
+    cmds = [
+        f"ip netns add {a}",
+        f"ip netns add {b}",
+        f"ip link add va{tag} type veth peer name vb{tag}",
+        f"ip link set va{tag} netns {a}",
+        f"ip link set vb{tag} netns {b}",
+        f"ip -n {a} addr add 10.213.7.1/24 dev va{tag}",
+        f"ip -n {b} addr add 10.213.7.2/24 dev vb{tag}",
+        f"ip -n {a} link set va{tag} up",
+        f"ip -n {b} link set vb{tag} up",
+        f"ip -n {a} link set lo up",
+        f"ip -n {b} link set lo up",
+    ]
+    # As on real machines, each host's name resolves to its own address
+    # (`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts).
+    hosts_files = []
+    try:
+        for c in cmds:
+            subprocess.run(c.split(), check=True, capture_output=True, text=True)
+        for ns, ip in ((a, "10.213.7.1"), (b, "10.213.7.2")):
+            path = Path("/etc/netns") / ns / "hosts"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"127.0.0.1 localhost\n{ip} {socket.gethostname()}\n")
+            hosts_files.append(path)
+        yield a, b
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for path in hosts_files:
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_scheduler_and_workers_across_two_network_namespaces(tmp_path, two_hosts):
+    a, b = two_hosts
+    codes, outs = scheduler_job(tmp_path, tmp_path, 29713, netns=(a, a, b), sched_host="10.213.7.1")
+    assert codes == [0, 0, 0], outs
+    assert "assigned 2 ranks on 2 host(s)" in outs[0], outs[0]
+    w0, w1 = weights(tmp_path)
+    np.testing.assert_array_equal(w0, w1)
+    # each worker ran on its own host: one local rank per host, Gloo over the veth
+    assert "(local 0/1)" in outs[1] and "(local 0/1)" in outs[2]
+    assert "on va" in outs[1] and "on vb" in outs[2]
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_hosts):
+    """Horovod 0.28.1 would abort such a cross-host job deep in Gloo; we say why first."""
+    a, _ = two_hosts
+    (Path("/etc/netns") / a / "hosts").write_text(f"127.0.0.1 localhost {socket.gethostname()}\n")
+    env = sched_env(29714, HVDKIT_SCHED_HOST="10.213.7.2", HVDKIT_SCHED_TIMEOUT=5)
+    worker = start(
+        [str(REPO / "scripts" / "run_workers.sh"), "1", PY, "-c", "pass"], env, tmp_path, a
+    )
+    code, out = finish(worker, 60)
+    assert code != 0
+    assert f"host name '{socket.gethostname()}' resolves to 127.0.0.1" in out, out
