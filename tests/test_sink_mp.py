@@ -1,0 +1,69 @@
+"""Sink mode with 2 processes under the launcher, over Gloo and MPI."""
+
+import re
+import subprocess
+import sys
+import time
+
+from conftest import REPO, VENV_BIN, launch, launcher_env
+
+EXPECTED = [
+    "data_sink_equals_plain_distributed_steps",
+    "data_sink_distributed_optimizer_in_the_loop",
+    "keras_train_sink_size_3_equals_fit",
+    "keras_train_sink_size_-1_equals_fit",
+    "unequal_per_rank_lengths_refused",
+    "jit_compile_refused_in_a_multi_process_job",
+]
+
+
+def test_sink_two_ranks(tmp_path, transport):
+    res = launch("sink_worker.py", tmp_path, transport, timeout=400)
+    assert res.returncode == 0, res.output[-5000:]
+    for r in (0, 1):
+        assert res.passed(r) == EXPECTED
+    v0, v1 = res.values(0), res.values(1)
+    # every rank logs its own loss (the step returns the local loss) ...
+    assert len(v0["data_sink_losses"]) == 3 and v0["data_sink_losses"] != v1["data_sink_losses"]
+    # ... while train()'s epoch losses are rank averages (MetricAverageCallback)
+    assert v0["train_3_loss"] == v1["train_3_loss"] and len(v0["train_3_loss"]) == 3
+    assert v0["train_-1_loss"] == v1["train_-1_loss"] and len(v0["train_-1_loss"]) == 2
+
+
+def test_input_error_on_one_rank_stops_both_without_a_hang(tmp_path, transport):
+    started = time.monotonic()
+    res = launch("sink_worker.py", tmp_path, transport, args=("input_error",), timeout=120)
+    elapsed = time.monotonic() - started
+    assert res.returncode != 0  # rank 1 re-raises its error
+    assert "InputPipelineError" in res.output and "bad record 7" in res.output
+    bad, peer = res.values(1), res.values(0)
+    assert bad["error_type"] == "InputPipelineError" and bad["step"] == 3
+    assert "failed at step 3 " in bad["message"] and "bad record 7" in bad["message"]
+    assert "shut this rank's runtime down" in bad["message"]
+    assert bad["initialized_after"] is False
+    # rank 0 was blocked in step 3's allreduce: it fails there, not later, and
+    # while rank 1 is still alive (it sleeps 5 s before exiting)
+    assert peer["first_call"] == bad["first_call"] == 2 * (4 + 5)  # step 2: [4 5] on both
+    assert any("raised by the training step at step 3 " in note for note in peer["notes"])
+    assert peer["failed_at"] - bad["failed_at"] < 4
+    assert elapsed < 100
+
+
+def test_lenet_mnist_sink_example_loss_falls():
+    cmd = [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        "2",
+        "--gloo",
+        sys.executable,
+        str(REPO / "scripts" / "example_lenet_sink.py"),
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launcher_env())
+    elapsed = time.monotonic() - started
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    losses = [float(x) for x in re.findall(r"epoch\s+\d+\s+step\s+\d+\s+loss ([\d.]+)", out)]
+    assert len(losses) >= 4, out[-3000:]  # rank 0 only, once per sink
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert elapsed < 90
