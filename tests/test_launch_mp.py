@@ -173,25 +173,26 @@ def test_hvdkitrun_argument_errors(tmp_path):
 
 
 # ------------------------------------------------------------------ failures
+def hvdkitrun_with_fault(tmp_path, transport, fault, timeout, env_extra=None):
+    cmd = [
+        str(VENV_BIN / "hvdkitrun"),
+        "-np",
+        "2",
+        f"--{transport}",
+        PY,
+        TRAIN,
+        str(tmp_path),
+        "--fault",
+        fault,
+        "--fault-rank",
+        "1",
+    ]
+    return run(cmd, tmp_path, timeout=timeout, env_extra=env_extra)
+
+
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_hvdkitrun_failing_rank_is_named_and_job_stops(tmp_path, transport):
-    proc = run(
-        [
-            str(VENV_BIN / "hvdkitrun"),
-            "-np",
-            "2",
-            f"--{transport}",
-            PY,
-            TRAIN,
-            str(tmp_path),
-            "--fault",
-            "kill",
-            "--fault-rank",
-            "1",
-        ],
-        tmp_path,
-        timeout=120,
-    )
+    proc = hvdkitrun_with_fault(tmp_path, transport, "kill", timeout=120)
     assert proc.returncode != 0
     assert "hvdkitrun: rank 1 failed" in proc.stderr, proc.output[-3000:]
     assert "injecting fault 'kill'" in proc.stderr.split("hvdkitrun: rank 1 failed")[-1]
@@ -201,23 +202,8 @@ def test_hvdkitrun_failing_rank_is_named_and_job_stops(tmp_path, transport):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_hvdkitrun_stall_timeout_ends_a_frozen_job(tmp_path, transport):
-    proc = run(
-        [
-            str(VENV_BIN / "hvdkitrun"),
-            "-np",
-            "2",
-            f"--{transport}",
-            PY,
-            TRAIN,
-            str(tmp_path),
-            "--fault",
-            "stop",
-            "--fault-rank",
-            "1",
-        ],
-        tmp_path,
-        timeout=150,
-        env_extra={"HVDKIT_STALL_TIMEOUT": "20"},
+    proc = hvdkitrun_with_fault(
+        tmp_path, transport, "stop", timeout=150, env_extra={"HVDKIT_STALL_TIMEOUT": "20"}
     )
     assert proc.returncode == 124, proc.output[-3000:]
     assert "hvdkitrun: rank 1 stalled: no heartbeat for" in proc.stderr
@@ -231,6 +217,37 @@ def test_scheduler_kill_one_worker_mid_training(tmp_path):
     )
     assert all(c != 0 for c in codes), (codes, outs)
     assert "job failed: rank 1 killed by signal 9 (SIGKILL)" in outs[0], outs[0]
+    assert_gone(pids(tmp_path))
+
+
+def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
+    port = free_port()
+    env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1", HVDKIT_STALL_TIMEOUT=15)
+    t0 = time.monotonic()
+    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    time.sleep(0.5)
+    workers = [
+        start(
+            [
+                str(REPO / "scripts" / "run_workers.sh"),
+                "1",
+                PY,
+                TRAIN,
+                str(tmp_path),
+                "--fault",
+                "stop",
+                "--fault-rank",
+                "1",
+            ],
+            env,
+            tmp_path,
+        )
+        for _ in range(2)
+    ]
+    results = [finish(p) for p in [sched, *workers]]
+    assert all(c != 0 for c, _ in results), results
+    assert "job failed: rank 1 stalled: no heartbeat for" in results[0][1], results[0][1]
+    assert time.monotonic() - t0 < 90
     assert_gone(pids(tmp_path))
 
 

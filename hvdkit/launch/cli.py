@@ -27,11 +27,10 @@ import time
 from .. import config
 from ..errors import LaunchError
 from . import processes
-from .heartbeat import HeartbeatMonitor
+from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 
 DEFAULT_TRANSPORT = "gloo"  # measured: see docs/launching.md
-DEFAULT_STALL_TIMEOUT_S = 120.0
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -143,11 +142,7 @@ def run(argv: list[str] | None = None) -> int:
         raise LaunchError("no program given; e.g. hvdkitrun -np 2 python train.py")
     np_, hosts = plan(args)
     transport = args.transport or DEFAULT_TRANSPORT
-    stall = args.stall_timeout
-    if stall is None:
-        stall = float(config.get(config.STALL_TIMEOUT, str(DEFAULT_STALL_TIMEOUT_S)))
-    if stall <= 0:
-        raise LaunchError(f"stall timeout {stall} must be positive (seconds).")
+    stall = stall_timeout(args.stall_timeout)
     horovodrun = shutil.which("horovodrun")
     if horovodrun is None:
         raise LaunchError("horovodrun is not on PATH; run scripts/install.sh or activate .venv.")
@@ -165,10 +160,8 @@ def run(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env[config.MONITOR_ADDR] = f"{seen_as}:{monitor.port}"
     env[config.JOB_TOKEN] = token
-    # Horovod's own stall inspector covers a rank that is alive but never
-    # reaches a collective the others wait in; it names the missing ranks.
-    env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(int(max(1, min(60, stall / 2)))))
-    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall)))
+    for key, value in horovod_stall_env(stall).items():
+        env.setdefault(key, value)
     if os.geteuid() == 0 and transport == "mpi":
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     host_arg = ",".join(f"{h}:{s}" for h, s in hosts)

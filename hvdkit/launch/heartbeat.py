@@ -18,6 +18,36 @@ import time
 from dataclasses import dataclass, field
 
 INTERVAL_S = 1.0
+DEFAULT_STALL_TIMEOUT_S = 120.0
+
+
+def stall_timeout(value: float | None = None) -> float:
+    """The stall timeout: ``value`` if given, else ``HVDKIT_STALL_TIMEOUT``, else 120 s."""
+    from .. import config
+    from ..errors import LaunchError
+
+    if value is None:
+        raw = config.get(config.STALL_TIMEOUT, str(DEFAULT_STALL_TIMEOUT_S))
+        try:
+            value = float(raw)
+        except ValueError:
+            raise LaunchError(f"HVDKIT_STALL_TIMEOUT={raw!r} is not a number of seconds.") from None
+    if value <= 0:
+        raise LaunchError(f"stall timeout {value:g} must be positive (seconds).")
+    return value
+
+
+def horovod_stall_env(stall_s: float) -> dict[str, str]:
+    """Settings for Horovod's own stall inspector.
+
+    It covers a rank that is alive but never reaches a collective the others
+    wait in (heartbeats cannot see that); Horovod names the missing ranks and,
+    with a shutdown time, ends the collective with an error on every rank.
+    """
+    return {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(max(1, min(60, stall_s / 2)))),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(stall_s)),
+    }
 
 
 def start_sender(host: str, port: int, token: str, rank: int) -> threading.Thread:

@@ -20,6 +20,7 @@ import psutil
 from .. import _compat, config
 from ..errors import LaunchError
 from . import processes
+from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .protocol import Channel
 
@@ -97,6 +98,8 @@ def run_worker(
     iface = interface_for(ch.sock.getsockname()[0])
     env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
     env.update(horovod_env(msg, sched_host, iface))
+    for key, value in horovod_stall_env(stall_timeout()).items():  # stuck, not frozen
+        env.setdefault(key, value)
     log.info(
         "rank %d of %d (local %d of %d) on %s",
         rank,
@@ -106,10 +109,17 @@ def run_worker(
         iface,
     )
 
+    # Heartbeats from the program reach this worker (same machine), which
+    # stops a frozen program after the stall timeout and reports it.
+    stall = stall_timeout()
+    monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
+    env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
+    env[config.JOB_TOKEN] = token
     out = RankOutput(log_dir)
     child = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
     )
+    handle = psutil.Process(child.pid)
     pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
     aborted: list[str] = []
 
@@ -117,14 +127,26 @@ def run_worker(
         m = ch.recv() if child.poll() is None else None
         if m is not None and m.get("type") == "abort":
             aborted.append(str(m.get("reason")))
-            processes.stop([psutil.Process(child.pid)])
+            processes.stop([handle])
 
     threading.Thread(target=listen, daemon=True).start()
-    code = child.wait()
+    stalled = None
+    while child.poll() is None:
+        silent = monitor.silent_ranks(stall)
+        if silent:
+            stalled = silent[0][1]
+            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
+            processes.stop([handle])
+        time.sleep(0.25)
+    code = child.returncode
+    monitor.close()
     for t in pumps:
         t.join(timeout=5)
     out.close()
-    if code < 0:
+    if stalled is not None:
+        detail = f"stalled: no heartbeat for {stalled:.0f} s (stall timeout {stall:g} s)"
+        code = code or 1
+    elif code < 0:
         detail = f"killed by signal {-code} ({signal.Signals(-code).name})"
     else:
         detail = f"exit code {code}"

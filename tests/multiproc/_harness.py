@@ -35,6 +35,17 @@ class Checks:
             os._exit(1)  # do not wait for peers: the launcher tears the job down
         self.passed.append(name)
 
+    @staticmethod
+    def expect_errors(cases, error_type) -> None:
+        """Each ``(call, fragment)``: calling raises ``error_type`` mentioning ``fragment``."""
+        for call, fragment in cases:
+            try:
+                call()
+            except error_type as e:
+                assert fragment in str(e), (fragment, str(e))
+            else:
+                raise AssertionError(f"no {error_type.__name__} for: {fragment}")
+
     def record(self, key: str, value) -> None:
         self.values[key] = value
 
