@@ -59,9 +59,10 @@ _EXPORTS = {
     "reduce_gradients": "optimizer",
     "Compression": "compression",
     "callbacks": "callbacks",
-    # data, ops
+    # data, patch ops, sink mode
     "data": "data",
     "ops": "ops",
+    "sink": "sink",
     # errors
     "HvdkitError": "errors",
     "NotInitializedError": "errors",
@@ -91,7 +92,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
-    from . import callbacks, data, ops  # noqa: F401
+    from . import callbacks, data, ops, sink  # noqa: F401
     from .collectives import (  # noqa: F401
         Average,
         Max,

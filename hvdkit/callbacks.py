@@ -109,6 +109,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     Args:
         initial_lr: learning rate after warm-up (usually ``base_lr * size()``).
         warmup_epochs: number of epochs of warm-up (may be fractional).
+        momentum_correction: Horovod's option, kept in its position so that
+            Horovod calls map correctly; only ``False`` is supported.
         steps_per_epoch: batches per epoch; ``None`` takes it from ``fit``.
         verbose: 1 prints a line on rank 0 when warm-up ends.
 
@@ -120,10 +122,21 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self,
         initial_lr: float,
         warmup_epochs: float = 5,
+        momentum_correction: bool = False,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ):
         super().__init__()
+        if momentum_correction:
+            raise ConfigurationError(
+                "LearningRateWarmupCallback(momentum_correction=True) is not supported: Keras 3 "
+                "optimizers keep momentum as a fixed Python float. Pass momentum_correction=False."
+            )
+        if isinstance(steps_per_epoch, bool):
+            raise ConfigurationError(
+                f"steps_per_epoch={steps_per_epoch!r} is a bool; pass a number of batches "
+                "(or None to take it from fit). Horovod's third argument is momentum_correction."
+            )
         if warmup_epochs <= 0:
             raise ConfigurationError(f"warmup_epochs={warmup_epochs} must be positive.")
         if steps_per_epoch is not None and steps_per_epoch < 1:

@@ -70,7 +70,8 @@ def _check_op(op: Any, allowed: Sequence[ReduceOp] = tuple(ReduceOp), what: str 
 
 def _as_tensor(value: Any) -> tuple[tf.Tensor, bool]:
     """Returns the value as a tensor and whether the caller gave numpy/Python."""
-    if isinstance(value, (tf.Tensor, tf.Variable)):
+    # tf.is_tensor also covers keras.Variable, which is not a tf.Variable.
+    if tf.is_tensor(value) or isinstance(value, tf.Variable):
         return tf.convert_to_tensor(value), False
     return tf.convert_to_tensor(np.asarray(value)), True
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 import os
 
 # --- set by launchers; read to tell whether this process is part of a job ---
-HOROVOD_RANK = "HOROVOD_RANK"  # horovodrun --gloo, hvdkitrun, scheduler/worker
-HOROVOD_SIZE = "HOROVOD_SIZE"
-OMPI_RANK = "OMPI_COMM_WORLD_RANK"  # mpirun / horovodrun --mpi (Open MPI)
-OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
-PMI_RANK = "PMI_RANK"  # MPICH / Intel MPI
-PMI_SIZE = "PMI_SIZE"
+HOROVOD_SIZE = "HOROVOD_SIZE"  # horovodrun --gloo, hvdkitrun, scheduler/worker
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"  # mpirun / horovodrun --mpi (Open MPI)
+PMI_SIZE = "PMI_SIZE"  # MPICH / Intel MPI
 LAUNCHER_SIZE_VARS = (HOROVOD_SIZE, OMPI_SIZE, PMI_SIZE)
 
 # --- hvdkit's own settings ---

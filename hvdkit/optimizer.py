@@ -87,6 +87,33 @@ def reduce_gradients(
     return out
 
 
+# Horovod's DistributedOptimizer arguments that hvdkit does not implement.
+_HOROVOD_ONLY_ARGUMENTS = (
+    "gradient_predivide_factor",
+    "num_groups",
+    "groups",
+    "process_set",
+    "scale_local_gradients",
+)
+
+
+def _refuse_extra_arguments(kwargs: dict) -> None:
+    """Only `name` belongs to the wrapper; say where anything else should go."""
+    if not kwargs:
+        return
+    horovod_only = sorted(k for k in kwargs if k in _HOROVOD_ONLY_ARGUMENTS)
+    if horovod_only:
+        raise ConfigurationError(
+            f"DistributedOptimizer does not support Horovod's {horovod_only} "
+            "(process sets and gradient grouping are not implemented in hvdkit); drop them."
+        )
+    raise ConfigurationError(
+        f"DistributedOptimizer got {sorted(kwargs)}: these are options of the wrapped Keras "
+        "optimizer. Set them when creating it, e.g. "
+        "DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1, clipnorm=1.0))."
+    )
+
+
 @keras.saving.register_keras_serializable(package="hvdkit", name="DistributedOptimizer")
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer so that gradients are averaged over all ranks.
@@ -167,14 +194,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ConfigurationError(
                 f"backward_passes_per_step={backward_passes_per_step!r} must be an int >= 1."
             )
-        # Only `name` is meaningful for the wrapper itself; the rest of the
-        # Keras optimizer arguments belong to the wrapped optimizer.
-        kwargs.pop("learning_rate", None)
-        if kwargs:
-            raise ConfigurationError(
-                f"DistributedOptimizer got unexpected arguments {sorted(kwargs)}; set "
-                "optimizer options (clipnorm, weight_decay, ...) on the wrapped optimizer."
-            )
+        _refuse_extra_arguments(kwargs)
         super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
         self.inner_optimizer = optimizer
         self.op = op
@@ -239,6 +259,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             device_sparse=self.device_sparse,
         )
 
+    def apply_gradients(self, grads_and_vars):
+        grads, variables = zip(*grads_and_vars, strict=True)
+        self.apply(grads, variables)
+        return self.iterations  # the wrapped optimizer's count of applied updates
+
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if trainable_variables is None:
@@ -279,7 +304,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             scale = 1.0 / k if self.average_aggregated_gradients else 1.0
             summed = [acc.value * tf.cast(scale, acc.dtype) for acc, _, _ in pairs]
             self.inner_optimizer.apply(self.reduce(summed), [v for _, _, v in pairs])
-            for acc, _, _ in pairs:
+            # Every accumulator restarts from zero, including those of variables
+            # that got no gradient in this last pass (nothing leaks into the next
+            # window; such a variable's earlier passes are not applied).
+            for acc in self._accumulators:
                 acc.assign(tf.zeros_like(acc.value))
             return tf.constant(True)
 

@@ -85,9 +85,10 @@ def init(
             "processes; a local backend would silently train each rank alone. "
             "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
         )
+    threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
     _backend = create(name)
     _start_heartbeat(_backend.rank())
-    _configure_threads(intra_op_threads, _backend.local_size())
+    _configure_threads(threads, _backend.local_size())
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
 
@@ -103,25 +104,33 @@ def _start_heartbeat(rank_: int) -> None:
     start_sender(host, int(port), config.get(config.JOB_TOKEN, ""), rank_)
 
 
-def _configure_threads(setting: int | str | None, local_size: int) -> None:
+def _thread_setting(setting: int | str | None) -> int | str:
+    """``"auto"`` or a thread count >= 0, from the argument or HVDKIT_INTRA_OP_THREADS."""
     if setting is None:
         setting = config.get(config.INTRA_OP_THREADS, "auto")
     if setting == "auto":
+        return "auto"
+    try:
+        threads = int(setting)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"intra_op_threads={setting!r} is not valid; use 'auto', 0 (TensorFlow's "
+            "default) or a positive number of threads."
+        ) from None
+    if threads < 0:
+        raise ConfigurationError(
+            f"intra_op_threads={threads} is negative; use 'auto', 0 or a positive int."
+        )
+    return threads
+
+
+def _configure_threads(setting: int | str, local_size: int) -> None:
+    if setting == "auto":
         if local_size <= 1:
             return
-        threads = max(1, (os.cpu_count() or 1) // local_size)
+        threads = max(1, len(os.sched_getaffinity(0)) // local_size)
     else:
-        try:
-            threads = int(setting)
-        except (TypeError, ValueError):
-            raise ConfigurationError(
-                f"intra_op_threads={setting!r} is not valid; use 'auto', 0 (TensorFlow's "
-                "default) or a positive number of threads."
-            ) from None
-        if threads < 0:
-            raise ConfigurationError(
-                f"intra_op_threads={threads} is negative; use 'auto', 0 or a positive int."
-            )
+        threads = int(setting)
         if threads == 0:
             return
     if not _compat.set_intra_op_threads(threads):

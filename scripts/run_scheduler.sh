@@ -5,11 +5,12 @@
 #
 # HVDKIT_SCHED_HOST is the address the scheduler listens on and workers dial
 # (default 127.0.0.1: one machine only). Without HVDKIT_JOB_TOKEN a token is
-# generated, printed, and written to $HVDKIT_TOKEN_FILE (default
-# ~/.hvdkit/job-<port>.token, mode 600) where run_workers.sh on the same
-# machine finds it. MS_WORKER_NUM / MS_SCHED_HOST / MS_SCHED_PORT also work.
+# generated and written to $HVDKIT_TOKEN_FILE (default
+# ~/.hvdkit/job-<port>.token, mode 600, removed when the scheduler ends)
+# where run_workers.sh on the same machine finds it. MS_WORKER_NUM / MS_SCHED_HOST / MS_SCHED_PORT also work.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh" >&2
 source "$REPO/scripts/_env.sh"
 port="${HVDKIT_SCHED_PORT:-${MS_SCHED_PORT:-29500}}"
 if [[ -z "${HVDKIT_JOB_TOKEN:-}" ]]; then

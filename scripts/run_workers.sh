@@ -6,15 +6,17 @@
 #
 # Each worker's output is prefixed with its rank; with HVDKIT_LOG_DIR set it
 # also goes to $HVDKIT_LOG_DIR/rank.N/{stdout,stderr}. Exits non-zero if any
-# worker failed. On the scheduler's machine the token is read from the file
-# run_scheduler.sh wrote, if HVDKIT_JOB_TOKEN is not set.
+# worker failed; Ctrl-C or SIGTERM stops all of them. On the scheduler's
+# machine the token is read from the file run_scheduler.sh wrote, if
+# HVDKIT_JOB_TOKEN is not set.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$REPO/scripts/_env.sh"
 if (($# < 2)) || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 NUM_LOCAL program [args...]   (NUM_LOCAL: workers on this machine, >= 1)" >&2
     exit 2
 fi
+HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh" >&2
+source "$REPO/scripts/_env.sh"
 num_local="$1"; shift
 port="${HVDKIT_SCHED_PORT:-${MS_SCHED_PORT:-29500}}"
 token_file="${HVDKIT_TOKEN_FILE:-$HOME/.hvdkit/job-$port.token}"
@@ -30,6 +32,8 @@ if [[ -z "${HVDKIT_JOB_TOKEN:-}" ]]; then
 fi
 export HVDKIT_SCHED_PORT="$port"
 pids=()
+# Background jobs of a script ignore SIGINT: forward it (and TERM/HUP) ourselves.
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM HUP
 for ((i = 0; i < num_local; i++)); do
     HVDKIT_ROLE=worker hvdkitrun "$@" &
     pids+=($!)

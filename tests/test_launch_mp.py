@@ -25,10 +25,20 @@ TRAIN = str(MULTIPROC / "launch_train.py")
 PY = sys.executable
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (held open together, so none is returned twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def weights(outdir: Path) -> list[np.ndarray]:
@@ -220,6 +230,43 @@ def test_scheduler_kill_one_worker_mid_training(tmp_path):
     assert_gone(pids(tmp_path))
 
 
+def test_hvdkitrun_rank_finishing_early_is_not_a_stall(tmp_path):
+    code = (
+        "import hvdkit, time; hvdkit.init(); "
+        "time.sleep(8 if hvdkit.rank() == 0 else 0); print('done', hvdkit.rank())"
+    )
+    proc = run(
+        [str(VENV_BIN / "hvdkitrun"), "-np", "2", PY, "-c", code],
+        tmp_path,
+        env_extra={"HVDKIT_STALL_TIMEOUT": "3"},
+    )
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "[rank 0] done 0" in proc.stdout and "stalled" not in proc.output
+
+
+def test_scheduler_names_a_worker_that_was_killed(tmp_path):
+    port = free_port()
+    env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1")
+    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    time.sleep(0.5)
+    train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
+    workers = [
+        start([str(REPO / "scripts" / "run_workers.sh"), "1", *train], env, tmp_path)
+        for _ in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"pid.rank{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.2)
+    time.sleep(2)
+    supervisor = psutil.Process(pids(tmp_path)[1]).parent()  # rank 1's worker process
+    supervisor.kill()
+    results = [finish(p, 120) for p in [sched, *workers]]
+    assert all(c != 0 for c, _ in results), results
+    assert "job failed: rank 1 lost its worker" in results[0][1], results[0][1]
+    assert_gone(pids(tmp_path))  # rank 1's program died with its worker
+
+
 def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1", HVDKIT_STALL_TIMEOUT=15)
@@ -266,7 +313,7 @@ def test_scheduler_times_out_when_a_worker_never_arrives(tmp_path):
 
 
 def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
-    port_a, port_b = free_port(), free_port()
+    port_a, port_b = free_ports(2)
     env_a, env_b = sched_env(port_a, "token-a"), sched_env(port_b, "token-b")
     show = [
         PY,

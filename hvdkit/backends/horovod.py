@@ -43,7 +43,6 @@ class HorovodBackend(Backend):
 
     def __init__(self) -> None:
         hvd.init()
-        self.transport = "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "?"
 
     def rank(self) -> int:
         return hvd.rank()

@@ -28,7 +28,7 @@ from .. import config
 from ..errors import LaunchError
 from . import processes
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
-from .output import RankOutput
+from .output import RankOutput, lost_a_peer
 
 DEFAULT_TRANSPORT = "gloo"  # measured: see docs/launching.md
 EXIT_STALLED = 124  # as timeout(1)
@@ -115,7 +115,10 @@ def _is_local(host: str) -> bool:
 def _address_seen_by(host: str) -> str:
     """Our IP address on the route towards ``host`` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))
+        try:
+            s.connect((host, 9))
+        except OSError as exc:
+            raise LaunchError(f"cannot resolve or route to host {host!r}: {exc}") from None
         return s.getsockname()[0]
 
 
@@ -178,6 +181,11 @@ def run(argv: list[str] | None = None) -> int:
     ]
 
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
+    interrupted: list[int] = []
+    prev = {
+        sig: signal.signal(sig, lambda signum, _f: interrupted.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     child = subprocess.Popen(
         cmd,
         env=env,
@@ -186,20 +194,16 @@ def run(argv: list[str] | None = None) -> int:
         text=True,
         bufsize=1,
         start_new_session=True,
+        preexec_fn=processes.die_with_parent,
     )
     pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
     known: dict[int, object] = {}
     stalled: list[tuple[int, float]] = []
-    interrupted = []
-    prev = {
-        s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
     try:
         while child.poll() is None:
             for r, pid in monitor.local_pids().items():
-                if r not in known:
-                    known[r] = processes.process_for(pid)
+                if known.get(r) is None:  # only processes in our own tree
+                    known[r] = processes.descendant(child.pid, pid)
             stalled = monitor.silent_ranks(stall)
             if stalled or interrupted:
                 break
@@ -248,22 +252,15 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-SECONDARY_FAILURE = "Horovod has been shut down"
-
-
 def _root_cause(out: RankOutput, rank: int | None, why: str) -> tuple[int | None, str]:
     """Prefer the rank that failed on its own over one that failed because of it.
 
     mpirun names the first rank to *exit* non-zero, which is often a healthy
     rank whose collective failed once the real culprit went away.
     """
-    if rank is None or SECONDARY_FAILURE not in "\n".join(out.tail(rank, 20)):
+    if rank is None or not lost_a_peer(out.tail(rank, 20)):
         return rank, why
-    others = [
-        r
-        for r in sorted(out.tails)
-        if r != rank and SECONDARY_FAILURE not in "\n".join(out.tail(r, 20))
-    ]
+    others = [r for r in sorted(out.tails) if r != rank and not lost_a_peer(out.tail(r, 20))]
     if len(others) == 1:
         out.launcher_line(
             f"hvdkitrun: rank {rank} ({why}) failed because Horovod shut down "

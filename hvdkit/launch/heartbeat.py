@@ -9,6 +9,7 @@ job token, so stray or forged packets are ignored.
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import json
 import os
@@ -51,21 +52,28 @@ def horovod_stall_env(stall_s: float) -> dict[str, str]:
 
 
 def start_sender(host: str, port: int, token: str, rank: int) -> threading.Thread:
-    """Send heartbeats for ``rank`` from a daemon thread until the process exits."""
+    """Send heartbeats for ``rank`` from a daemon thread until the process exits.
+
+    At a normal interpreter exit a last "bye" datagram tells the launcher this
+    rank finished, so that silence afterwards is not taken for a stall.
+    """
     payload = {"t": token, "r": rank, "p": os.getpid(), "h": socket.gethostname()}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def send(**extra):
+        try:
+            sock.sendto(json.dumps({**payload, **extra}).encode(), (host, port))
+        except OSError:
+            pass  # the launcher may be gone; nothing useful to do here
 
     def loop():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         seq = 0
         while True:
-            payload["s"] = seq
-            try:
-                sock.sendto(json.dumps(payload).encode(), (host, port))
-            except OSError:
-                pass  # the launcher may be gone; nothing useful to do here
+            send(s=seq)
             seq += 1
             time.sleep(INTERVAL_S)
 
+    atexit.register(send, bye=True)
     thread = threading.Thread(target=loop, name="hvdkit-heartbeat", daemon=True)
     thread.start()
     return thread
@@ -77,6 +85,7 @@ class RankStatus:
     host: str
     last_seen: float
     beats: int = 0
+    finished: bool = False
 
 
 @dataclass
@@ -101,26 +110,40 @@ class HeartbeatMonitor:
         while not self._stop.is_set():
             try:
                 data, _ = self._sock.recvfrom(4096)
-                msg = json.loads(data)
-            except (TimeoutError, OSError, ValueError):
+            except (TimeoutError, OSError):
                 continue
-            if not isinstance(msg, dict) or not hmac.compare_digest(
-                str(msg.get("t", "")).encode(), self.token.encode()
-            ):
+            msg = self._parse(data)
+            if msg is None:
                 continue
+            rank, pid, host, bye = msg
             with self._lock:
-                status = self.ranks.get(msg["r"])
+                status = self.ranks.get(rank)
                 if status is None:
-                    status = self.ranks[msg["r"]] = RankStatus(msg["p"], msg["h"], 0.0)
+                    status = self.ranks[rank] = RankStatus(pid, host, 0.0)
                 status.last_seen = time.monotonic()
                 status.beats += 1
+                status.finished = status.finished or bye
+
+    def _parse(self, data: bytes) -> tuple[int, int, str, bool] | None:
+        """(rank, pid, host, is_bye) of an authentic, well-formed heartbeat, else None."""
+        try:
+            msg = json.loads(data)
+            token = str(msg["t"])
+            rank, pid, host = int(msg["r"]), int(msg["p"]), str(msg["h"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not hmac.compare_digest(token.encode(), self.token.encode()) or rank < 0:
+            return None
+        return rank, pid, host, bool(msg.get("bye"))
 
     def silent_ranks(self, timeout: float) -> list[tuple[int, float]]:
         """``(rank, seconds since last heartbeat)`` for ranks silent longer than ``timeout``."""
         now = time.monotonic()
         with self._lock:
             return sorted(
-                (r, now - s.last_seen) for r, s in self.ranks.items() if now - s.last_seen > timeout
+                (r, now - s.last_seen)
+                for r, s in self.ranks.items()
+                if not s.finished and now - s.last_seen > timeout
             )
 
     def local_pids(self) -> dict[int, int]:

@@ -19,6 +19,14 @@ TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$")
 # Open MPI tags every write, so one print can carry tags in the middle too.
 INNER_TAG = re.compile(r"\[(?:\d+,)?\d+\]<(?:stdout|stderr)>:")
 TAIL_LINES = 20
+# What a healthy rank prints when its collective fails because a peer died:
+# Horovod's shutdown message, or Gloo's broken connection.
+FOLLOW_ON_FAILURES = ("Horovod has been shut down", "Connection closed by peer")
+
+
+def lost_a_peer(lines) -> bool:
+    """Whether a rank's last lines show it failed only because another rank went away."""
+    return any(marker in ln for ln in lines for marker in FOLLOW_ON_FAILURES)
 
 
 class RankOutput:

@@ -44,12 +44,34 @@ def stop_group(pgid: int, grace_s: float = 5.0) -> None:
         pass
 
 
-def process_for(pid: int) -> psutil.Process | None:
-    """A handle that stays tied to this process even if the pid is reused later."""
+def descendant(ancestor_pid: int, pid: int) -> psutil.Process | None:
+    """``pid``'s process if it descends from ``ancestor_pid`` (a process we started).
+
+    Pids reported over the network are never trusted on their own: only a
+    process in our own tree may be signalled.
+    """
     try:
-        return psutil.Process(pid)
+        proc = psutil.Process(pid)
+        if any(parent.pid == ancestor_pid for parent in proc.parents()):
+            return proc
     except psutil.Error:
-        return None
+        pass
+    return None
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM if the launcher dies (Linux only).
+
+    Covers a launcher killed by SIGKILL or the OOM killer, which cannot run
+    its own clean-up.
+    """
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _running(p: psutil.Process) -> bool:

@@ -12,7 +12,9 @@ MindSpore's ``MS_ROLE``, ``MS_WORKER_NUM``, ``MS_SCHED_HOST`` and
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import sys
 
@@ -35,6 +37,47 @@ def _int_setting(name: str, default: int | None) -> int:
         raise LaunchError(f"{name}={raw!r} is not a whole number.") from None
 
 
+def _float_setting(name: str, default: float) -> float:
+    raw = config.get(name, str(default))
+    try:
+        return float(raw)
+    except ValueError:
+        raise LaunchError(f"{name}={raw!r} is not a number of seconds.") from None
+
+
+def _write_token_file(path: str, token: str) -> None:
+    """Atomically, readable by the owner only: workers never see a half-written token."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.replace(tmp, path)
+
+
+def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
+    from .scheduler import Scheduler
+
+    worker_num = _int_setting(config.WORKER_NUM, None)
+    token_file = config.get(config.TOKEN_FILE)
+    if token is None:
+        token = secrets.token_hex(16)
+        if token_file:
+            shown = f"written to {token_file} (mode 600)"
+        else:
+            shown = f"{token}  (give it to every worker as HVDKIT_JOB_TOKEN)"
+        print(f"[scheduler] job token: {shown}", file=sys.stderr, flush=True)
+    sched = Scheduler(host, port, worker_num, token, timeout)  # fails early if the port is taken
+    if token_file:
+        _write_token_file(token_file, token)
+    try:
+        return sched.run()
+    finally:
+        if token_file:
+            # A later job must not pick up this job's token.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(token_file)
+
+
 def main(role: str, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
@@ -42,29 +85,12 @@ def main(role: str, argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", stream=sys.stderr)
     host = config.get(config.SCHED_HOST, "127.0.0.1")
     port = _int_setting(config.SCHED_PORT, DEFAULT_PORT)
-    timeout = float(config.get(config.SCHED_TIMEOUT, str(DEFAULT_TIMEOUT_S)))
+    timeout = _float_setting(config.SCHED_TIMEOUT, DEFAULT_TIMEOUT_S)
     token = config.get(config.JOB_TOKEN)
     if role == "scheduler":
-        from .scheduler import Scheduler
-
         if argv:
             raise LaunchError(f"the scheduler runs no program; got {argv}. Give it to the workers.")
-        if token is None:
-            token = secrets.token_hex(16)
-            print(
-                f"[scheduler] job token: {token}  (give it to every worker as HVDKIT_JOB_TOKEN)",
-                file=sys.stderr,
-                flush=True,
-            )
-        token_file = config.get(config.TOKEN_FILE)
-        if token_file:
-            import os
-
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token)
-        sched = Scheduler(host, port, _int_setting(config.WORKER_NUM, None), token, timeout)
-        return sched.run()
+        return _run_scheduler(host, port, timeout, token)
     if role == "worker":
         from .worker import run_worker
 

@@ -21,21 +21,17 @@ import time
 from dataclasses import dataclass
 
 from ..errors import LaunchError
+from .output import lost_a_peer
 from .protocol import Channel
 
 log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
 ABORT_WAIT_S = 30.0
-SECONDARY_FAILURE = "Horovod has been shut down"
 
 
 def root_cause(failures: dict[int, tuple[str, list[str]]]) -> int:
     """The failed rank to blame: one whose output does not show it lost a peer."""
-    primary = [
-        r
-        for r, (_, tail) in failures.items()
-        if not any(SECONDARY_FAILURE in ln or "Connection closed by peer" in ln for ln in tail)
-    ]
+    primary = [r for r, (_, tail) in failures.items() if not lost_a_peer(tail)]
     return min(primary) if primary else min(failures)
 
 
@@ -153,7 +149,12 @@ class Scheduler:
         log.info(
             "scheduler listening on %s:%d for %d workers", self.host, self.port, self.worker_num
         )
-        regs = self._accept_registrations()
+        try:
+            regs = self._accept_registrations()
+        finally:
+            # A late or surplus worker is refused at once instead of waiting
+            # on a socket nobody accepts from.
+            self.sock.close()
         hosts: list[str] = []
         by_host: dict[str, list[Registration]] = {}
         for r in regs:
@@ -194,7 +195,6 @@ class Scheduler:
             server.stop()
             for r in regs:
                 r.channel.close()
-            self.sock.close()
 
     def _watch(self, regs: list[Registration]) -> int:
         for reg in regs:
@@ -247,14 +247,8 @@ class Scheduler:
             except OSError:
                 msg = None
             if msg is None:
-                self.events.put(
-                    (
-                        reg.rank,
-                        -1,
-                        f"lost its worker (pid {reg.pid} on "
-                        f"{reg.hostname} {reg.host}) without an exit report",
-                    )
-                )
+                lost = f"lost its worker (pid {reg.pid} on {reg.hostname} {reg.host})"
+                self.events.put((reg.rank, -1, f"{lost} without an exit report", []))
                 return
             if msg.get("type") == "exit":
                 code = int(msg.get("code", -1))

@@ -80,8 +80,18 @@ def run_worker(
     timeout_s: float,
     log_dir: str | None,
 ) -> int:
+    """Register, run ``command`` as the assigned rank, report; returns the exit status."""
     _compat.check_gloo_hostname(sched_host)
+    stall = stall_timeout()  # bad settings fail here, before this worker counts as arrived
     ch = connect(sched_host, sched_port, timeout_s)
+    try:
+        assign = _register(ch, token, sched_host, sched_port)
+        return _run_program(ch, assign, sched_host, token, command, stall, log_dir)
+    finally:
+        ch.close()
+
+
+def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict:
     ch.send(type="register", token=token, hostname=socket.gethostname(), pid=os.getpid())
     msg = ch.recv()
     if msg is None or msg.get("type") == "refused":
@@ -94,72 +104,114 @@ def run_worker(
         raise LaunchError(f"the scheduler stopped the job before it started: {msg.get('reason')}")
     if msg.get("type") != "assign":
         raise LaunchError(f"unexpected message from the scheduler: {msg}")
-    rank = msg["rank"]
-    iface = interface_for(ch.sock.getsockname()[0])
+    return msg
+
+
+def _report(ch: Channel, code: int, detail: str, tail: list[str]) -> None:
+    try:
+        ch.send(type="exit", code=code, detail=detail, tail=tail)
+    except OSError:
+        pass  # the scheduler is gone; it has its own account of this rank
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _run_program(ch, assign, sched_host, token, command, stall, log_dir) -> int:
+    rank = assign["rank"]
+    try:
+        iface = interface_for(ch.sock.getsockname()[0])
+    except LaunchError as exc:
+        _report(ch, 1, str(exc), [])
+        raise
     env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
-    env.update(horovod_env(msg, sched_host, iface))
-    for key, value in horovod_stall_env(stall_timeout()).items():  # stuck, not frozen
+    env.update(horovod_env(assign, sched_host, iface))
+    for key, value in horovod_stall_env(stall).items():  # alive but stuck, not frozen
         env.setdefault(key, value)
     log.info(
         "rank %d of %d (local %d of %d) on %s",
         rank,
-        msg["size"],
-        msg["local_rank"],
-        msg["local_size"],
+        assign["size"],
+        assign["local_rank"],
+        assign["local_size"],
         iface,
     )
-
-    # Heartbeats from the program reach this worker (same machine), which
-    # stops a frozen program after the stall timeout and reports it.
-    stall = stall_timeout()
+    # The program's heartbeats come to this worker (same machine), which stops
+    # a frozen program after the stall timeout and reports it.
     monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
     env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
     env[config.JOB_TOKEN] = token
+
+    stop_reasons: list[str] = []
+    prev = {
+        sig: signal.signal(sig, lambda n, _f: stop_reasons.append(signal.Signals(n).name))
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     out = RankOutput(log_dir)
-    child = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-    )
-    handle = psutil.Process(child.pid)
-    pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
-    aborted: list[str] = []
+    try:
+        try:
+            # Own session: stopping the program stops everything it started.
+            child = subprocess.Popen(
+                command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+                preexec_fn=processes.die_with_parent,
+            )
+        except OSError as exc:
+            detail = f"cannot start {command[0]!r}: {exc.strerror}"
+            _report(ch, 127, detail, [])
+            raise LaunchError(detail) from None
+        pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
 
-    def listen():
-        m = ch.recv() if child.poll() is None else None
-        if m is not None and m.get("type") == "abort":
-            aborted.append(str(m.get("reason")))
-            processes.stop([handle])
+        def listen():
+            m = ch.recv() if child.poll() is None else None
+            if m is None:
+                stop_reasons.append("lost the connection to the scheduler")
+            elif m.get("type") == "abort":
+                stop_reasons.append(str(m.get("reason")))
 
-    threading.Thread(target=listen, daemon=True).start()
-    stalled = None
-    while child.poll() is None:
-        silent = monitor.silent_ranks(stall)
-        if silent:
-            stalled = silent[0][1]
-            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
-            processes.stop([handle])
-        time.sleep(0.25)
-    code = child.returncode
-    monitor.close()
-    for t in pumps:
-        t.join(timeout=5)
-    out.close()
+        threading.Thread(target=listen, daemon=True).start()
+        stalled = None
+        while child.poll() is None:
+            silent = monitor.silent_ranks(stall)
+            if silent and stalled is None:
+                stalled = silent[0][1]
+                log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
+            if stalled is not None or (stop_reasons and child.poll() is None):
+                processes.stop_group(child.pid)
+            time.sleep(0.25)
+        code = child.returncode
+        # Snapshot now: once we report, the scheduler may close the connection,
+        # which the listener would otherwise record as a reason.
+        reasons = list(stop_reasons)
+        for t in pumps:
+            t.join(timeout=5)
+    finally:
+        monitor.close()
+        out.close()
+        for sig, handler in prev.items():
+            signal.signal(sig, handler)
     if stalled is not None:
         detail = f"stalled: no heartbeat for {stalled:.0f} s (stall timeout {stall:g} s)"
-        code = code or 1
-    elif code < 0:
-        detail = f"killed by signal {-code} ({signal.Signals(-code).name})"
+        code = code if code > 0 else 1
     else:
-        detail = f"exit code {code}"
-    if aborted:
-        log.error("rank %d stopped: %s", rank, aborted[0])
-    try:
-        ch.send(type="exit", code=code, detail=detail, tail=out.tail(rank))
-    except OSError:
-        pass
-    ch.close()
-    if aborted and code == 0:
-        return 1
-    return code if code > 0 else (1 if code else 0)
+        detail = _describe_exit(code)
+    if reasons and stalled is None:
+        log.error("rank %d stopped: %s", rank, reasons[0])
+    _report(ch, code, detail, out.tail(rank))
+    if code == 0:
+        return 1 if reasons else 0
+    return code if code > 0 else 1
 
 
 def _pump(out: RankOutput, rank: int, pipe, stream: str) -> threading.Thread:

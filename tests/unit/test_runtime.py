@@ -130,8 +130,42 @@ def test_distributed_optimizer_forwards_configuration(local_runtime):
     clone = hvdkit.DistributedOptimizer.from_config(cfg)
     assert clone.inner_optimizer.momentum == 0.5
     assert isinstance(hvdkit.DistributedOptimizer("adam").inner_optimizer, keras.optimizers.Adam)
-    with pytest.raises(hvdkit.ConfigurationError, match="set optimizer options"):
+    with pytest.raises(hvdkit.ConfigurationError, match="options of the wrapped Keras optimizer"):
         hvdkit.DistributedOptimizer(inner, clipnorm=1.0)
+    with pytest.raises(hvdkit.ConfigurationError, match=r"\['learning_rate'\]"):
+        hvdkit.DistributedOptimizer(inner, learning_rate=0.1)  # never silently dropped
+    with pytest.raises(hvdkit.ConfigurationError, match="does not support Horovod's"):
+        hvdkit.DistributedOptimizer(inner, gradient_predivide_factor=2.0)
+
+
+def test_keras_variables_stay_tensors(local_runtime):
+    v = keras.Variable([1.0, 2.0])
+    out = hvdkit.allreduce(v)
+    assert tf.is_tensor(out) and out.numpy().tolist() == [1.0, 2.0]
+    f = tf.function(lambda: hvdkit.allreduce(v, op=hvdkit.Sum) * 2.0)
+    assert f().numpy().tolist() == [2.0, 4.0]
+
+
+def test_apply_gradients_returns_the_applied_update_count(local_runtime):
+    w = keras.Variable([[1.0]])
+    opt = hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    for expected in (1, 2):
+        returned = opt.apply_gradients([(tf.constant([[1.0]]), w)])
+        assert int(returned.numpy()) == expected
+
+
+def test_failed_init_leaves_runtime_uninitialized(monkeypatch):
+    hvdkit.shutdown()
+    with pytest.raises(hvdkit.ConfigurationError):
+        hvdkit.init(intra_op_threads=-1)
+    assert not hvdkit.is_initialized()
+
+
+def test_warmup_callback_keeps_horovods_argument_positions():
+    with pytest.raises(hvdkit.ConfigurationError, match="momentum_correction=True"):
+        hvdkit.callbacks.LearningRateWarmupCallback(0.1, 5, True)
+    with pytest.raises(hvdkit.ConfigurationError, match="is a bool"):
+        hvdkit.callbacks.LearningRateWarmupCallback(0.1, 5, steps_per_epoch=True)
 
 
 def test_backward_passes_accumulates_in_one_process(local_runtime):
