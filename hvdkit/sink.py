@@ -242,8 +242,10 @@ class _SinkLoop:
             # `finished` exists after the outputs; with a control dependency on
             # the call, which waits for its stateful ops (optimizer updates),
             # a step counts as done only when all of it is. Collectives are
-            # not stateful ops: the outputs or the updates cover them.
-            with tf.control_dependencies(tf.nest.flatten(out, expand_composites=True)):
+            # not stateful ops: the outputs or the updates cover them. On the
+            # host, so that reading it does not wait for a GPU stream to drain.
+            flat_out = tf.nest.flatten(out, expand_composites=True)
+            with tf.device("/cpu:0"), tf.control_dependencies(flat_out):
                 finished = tf.identity(tf.constant(True))
             return out, finished
 

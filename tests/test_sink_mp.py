@@ -18,10 +18,12 @@ EXPECTED = [
 
 
 def test_sink_two_ranks(tmp_path, transport):
+    started = time.monotonic()
     res = launch("sink_worker.py", tmp_path, transport, timeout=400)
-    assert res.returncode == 0, res.output[-5000:]
+    elapsed = time.monotonic() - started
     for r in (0, 1):
-        assert res.passed(r) == EXPECTED
+        assert res.ranks[r] is not None, res.output[-5000:]
+        assert res.passed(r) == EXPECTED, res.output[-5000:]
     v0, v1 = res.values(0), res.values(1)
     # every rank logs its own loss (the step returns the local loss) ...
     assert len(v0["data_sink_losses"]) == 3 and v0["data_sink_losses"] != v1["data_sink_losses"]
@@ -29,24 +31,20 @@ def test_sink_two_ranks(tmp_path, transport):
     assert v0["train_3_loss"] == v1["train_3_loss"] and len(v0["train_3_loss"]) == 3
     assert v0["train_-1_loss"] == v1["train_-1_loss"] and len(v0["train_-1_loss"]) == 2
 
-
-def test_input_error_on_one_rank_stops_both_without_a_hang(tmp_path, transport):
-    started = time.monotonic()
-    res = launch("sink_worker.py", tmp_path, transport, args=("input_error",), timeout=120)
-    elapsed = time.monotonic() - started
-    assert res.returncode != 0  # rank 1 re-raises its error
+    # The last part: rank 1's pipeline fails at step 3 and rank 1 re-raises.
+    assert res.returncode != 0
     assert "InputPipelineError" in res.output and "bad record 7" in res.output
-    bad, peer = res.values(1), res.values(0)
+    bad, peer = v1, v0
     assert bad["error_type"] == "InputPipelineError" and bad["step"] == 3
     assert "failed at step 3 " in bad["message"] and "bad record 7" in bad["message"]
     assert "shut this rank's runtime down" in bad["message"]
     assert bad["initialized_after"] is False
-    # rank 0 was blocked in step 3's allreduce: it fails there, not later, and
-    # while rank 1 is still alive (it sleeps 5 s before exiting)
+    # Rank 0 was blocked in step 3's allreduce. It fails there, not later, and
+    # while rank 1 is still alive (rank 1 sleeps 3 s before exiting).
     assert peer["first_call"] == bad["first_call"] == 2 * (4 + 5)  # step 2: [4 5] on both
     assert any("raised by the training step at step 3 " in note for note in peer["notes"])
-    assert peer["failed_at"] - bad["failed_at"] < 4
-    assert elapsed < 100
+    assert peer["failed_at"] - bad["failed_at"] < 2.5
+    assert elapsed < 300
 
 
 def test_lenet_mnist_sink_example_loss_falls():

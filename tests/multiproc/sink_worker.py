@@ -1,4 +1,4 @@
-"""Sink mode on 2 ranks: equivalence with plain steps, per-rank length checks, XLA refusal.
+"""Sink mode on 2 ranks: equivalence with plain steps, length checks, XLA, an input error.
 
 Each rank trains on its half of every global batch (as in training_worker.py),
 so 2 ranks must end with the weights of 1 process on the whole batch. The
@@ -6,7 +6,11 @@ sink's weights are compared with the same distributed step run from a plain
 Python loop (rtol 1e-6) and with a single-process reference computed here
 without collectives (rtol 1e-5).
 
-Usage: sink_worker.py OUTDIR [main|input_error]
+The last part makes rank 1's input pipeline fail, which ends the job: rank 1
+records its error, stays alive 3 s (so rank 0 can only be released by hvdkit
+shutting rank 1's runtime down, not by its exit), then re-raises.
+
+Usage: sink_worker.py OUTDIR
 """
 
 import sys
@@ -25,7 +29,6 @@ from _harness import Checks
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 c = Checks(r, sys.argv[1])
-MODE = sys.argv[2] if len(sys.argv) > 2 else "main"
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(64, 8)).astype("float32")
@@ -77,38 +80,6 @@ def step_for(model, opt, distributed=True):
 
     return step
 
-
-def input_error_mode():
-    """Rank 1's pipeline fails at step 3; neither rank may wait for the other."""
-
-    def check(i):
-        if r == 1:
-            tf.debugging.assert_none_equal(i, tf.constant(7, tf.int64), message="bad record 7")
-        return tf.cast(i, tf.float32)
-
-    ds = tf.data.Dataset.range(10).map(check).batch(2)
-    run = sink.data_sink(lambda b: hvd.allreduce(tf.reduce_sum(b), op=hvd.Sum), ds, 3)
-    c.record("first_call", float(run()))  # steps 0-2
-    try:
-        run()  # step 3: rank 1 cannot produce [6 7]
-    except (InputPipelineError, tf.errors.OpError) as exc:
-        c.record("failed_at", time.time())
-        c.record("error_type", type(exc).__name__)
-        c.record("step", getattr(exc, "step", None))
-        c.record("message", str(exc))
-        c.record("notes", getattr(exc, "__notes__", []))
-        c.record("initialized_after", hvd.is_initialized())
-        c.finish()
-        if r == 1:
-            time.sleep(5)  # stay alive: the peer must be released by the shutdown, not our exit
-            raise
-        sys.exit(0)
-    c.finish()
-
-
-if MODE == "input_error":
-    input_error_mode()
-    sys.exit(0)
 
 # ---------------------------------------------------------------- data_sink
 with c.check("data_sink_equals_plain_distributed_steps"):
@@ -247,4 +218,32 @@ with c.check("jit_compile_refused_in_a_multi_process_job"):
     else:
         raise AssertionError("a model compiled with jit_compile=True was accepted")
 
-c.finish()
+
+# ---------------------------------------------------------------- last: an input error
+def check(i):
+    if r == 1:
+        tf.debugging.assert_none_equal(i, tf.constant(7, tf.int64), message="bad record 7")
+    return tf.cast(i, tf.float32)
+
+
+run = sink.data_sink(
+    lambda b: hvd.allreduce(tf.reduce_sum(b), op=hvd.Sum),
+    tf.data.Dataset.range(10).map(check).batch(2),
+    sink_size=3,
+)
+c.record("first_call", float(run()))  # steps 0-2
+try:
+    run()  # step 3: rank 1 cannot produce [6 7]; rank 0 waits in its allreduce
+except (InputPipelineError, tf.errors.OpError) as exc:
+    c.record("failed_at", time.time())
+    c.record("error_type", type(exc).__name__)
+    c.record("step", getattr(exc, "step", None))
+    c.record("message", str(exc))
+    c.record("notes", getattr(exc, "__notes__", []))
+    c.record("initialized_after", hvd.is_initialized())
+    c.finish()
+    if r == 1:
+        time.sleep(3)
+        raise
+    sys.exit(0)
+raise AssertionError("the input error was not raised")
