@@ -400,12 +400,12 @@ def test_train_restores_the_model_and_reuses_its_loop(local_runtime):
     model = compiled(steps_per_execution=2)
     sink.train(model, 1, ds, sink_size=5, verbose=0)
     assert model.steps_per_execution == 2 and model.train_function is None
-    loop = sink._KERAS_LOOPS[model][3]
+    loop = sink.fit._KERAS_LOOPS[model][3]
     sink.train(model, 2, ds, sink_size=5, initial_epoch=1, verbose=0)  # a next epoch
-    assert sink._KERAS_LOOPS[model][3] is loop and loop.calls == 1
+    assert sink.fit._KERAS_LOOPS[model][3] is loop and loop.calls == 1
     model.compile(optimizer="sgd", loss=LOSS)  # recompiled: a new loop
     sink.train(model, 1, ds, sink_size=5, verbose=0)
-    assert sink._KERAS_LOOPS[model][3] is not loop
+    assert sink.fit._KERAS_LOOPS[model][3] is not loop
     model.fit(ds, epochs=1, shuffle=False, verbose=0)  # plain fit still works afterwards
     assert int(model.optimizer.iterations.numpy()) == 5 + 7
 
