@@ -80,25 +80,12 @@ class DataSink:
     def __call__(self):
         return self._loop(self._iterator)
 
-    @property
-    def sink_size(self) -> int:
-        return self._loop.sink_size
-
-    @property
-    def calls(self) -> int:
-        return self._loop.calls
-
-    @property
-    def steps_done(self) -> int:
-        return self._loop.steps_done
-
-    @property
-    def last_input_wait(self) -> float:
-        return self._loop.last_input_wait
-
-    @property
-    def last_wall_time(self) -> float:
-        return self._loop.last_wall_time
+    # Read-only views of the loop's bookkeeping (see Attributes above).
+    sink_size = property(lambda self: self._loop.sink_size)
+    calls = property(lambda self: self._loop.calls)
+    steps_done = property(lambda self: self._loop.steps_done)
+    last_input_wait = property(lambda self: self._loop.last_input_wait)
+    last_wall_time = property(lambda self: self._loop.last_wall_time)
 
 
 def data_sink(
