@@ -72,6 +72,7 @@ _EXPORTS = {
     "ShardingError": "errors",
     "DataFormatError": "errors",
     "LaunchError": "errors",
+    "InputPipelineError": "errors",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -118,6 +119,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         ConfigurationError,
         DataFormatError,
         HvdkitError,
+        InputPipelineError,
         LaunchError,
         NotInitializedError,
         ShardingError,

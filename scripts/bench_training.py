@@ -6,6 +6,7 @@ Variants (small CNN on 32x32x3 synthetic images, batch 64 per process, SGD):
 
   single        1 process, TensorFlow's default threads (all cores), plain Keras fit
   hvdkit_fit    2 processes under horovodrun, hvdkit.DistributedOptimizer + model.fit
+  hvdkit_spe    the same with steps_per_execution=25 (25 steps per host call, as sink mode)
   hvdkit_loop   2 processes, custom tf.function loop with hvdkit.DistributedGradientTape
   horovod_loop  2 processes, custom loop with horovod.tensorflow.grouped_allreduce (the peer)
   mwms          2 processes, tf.distribute.MultiWorkerMirroredStrategy custom loop (the peer;
@@ -107,13 +108,14 @@ def worker(variant: str, steps: int, warmup: int, out: str) -> None:
             for _ in range(n):
                 loss = mwms_step(next(batches))
             strategy.experimental_local_results(loss)[0].numpy()
-    elif variant in ("single", "hvdkit_fit"):
+    elif variant in ("single", "hvdkit_fit", "hvdkit_spe"):
         ds = tf.data.Dataset.from_tensors((x, y)).repeat()
         model = build_model(keras)
         opt = keras.optimizers.SGD(0.01)
-        if variant == "hvdkit_fit":
+        if variant != "single":
             opt = hvd.DistributedOptimizer(opt)
-        model.compile(optimizer=opt, loss=loss_fn)
+        spe = 25 if variant == "hvdkit_spe" else 1
+        model.compile(optimizer=opt, loss=loss_fn, steps_per_execution=spe)
 
         def run(n):
             model.fit(ds, steps_per_epoch=n, epochs=1, verbose=0)
@@ -201,8 +203,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker")
     p.add_argument("--out")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     if args.worker:
@@ -212,10 +214,12 @@ def main() -> None:
     runs = [
         ("single", None),
         ("hvdkit_fit", "gloo"),
+        ("hvdkit_spe", "gloo"),
         ("hvdkit_loop", "gloo"),
         ("horovod_loop", "gloo"),
         ("mwms", None),
         ("hvdkit_fit", "mpi"),
+        ("hvdkit_spe", "mpi"),
         ("hvdkit_loop", "mpi"),
         ("horovod_loop", "mpi"),
     ]
@@ -237,6 +241,8 @@ def main() -> None:
             (f"hvdkit_loop/{t} / horovod_loop/{t}", f"hvdkit_loop/{t}", f"horovod_loop/{t}", 0.97),
             (f"hvdkit_fit/{t} / horovod_loop/{t}", f"hvdkit_fit/{t}", f"horovod_loop/{t}", 0.97),
             (f"hvdkit_fit/{t} / single", f"hvdkit_fit/{t}", "single", 1.0),
+            (f"hvdkit_spe/{t} / horovod_loop/{t}", f"hvdkit_spe/{t}", f"horovod_loop/{t}", 0.97),
+            (f"hvdkit_spe/{t} / single", f"hvdkit_spe/{t}", "single", 1.0),
             (f"horovod_loop/{t} / single", f"horovod_loop/{t}", "single", None),
         ]
     ratios = {name: best[a] / best[b] for name, a, b, _ in ratio_defs}

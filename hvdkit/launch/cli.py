@@ -20,7 +20,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -181,75 +180,73 @@ def run(argv: list[str] | None = None) -> int:
     ]
 
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
-    interrupted: list[int] = []
-    prev = {
-        sig: signal.signal(sig, lambda signum, _f: interrupted.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    }
-    child = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-        preexec_fn=processes.die_with_parent,
-    )
+    try:
+        with processes.stop_signals() as interrupted:
+            child = processes.spawn(cmd, env)
+            stalled = _supervise(child, monitor, out, stall, interrupted)
+    finally:
+        monitor.close()
+        out.close()
+    return _outcome(child, out, stall, stalled, interrupted)
+
+
+def _supervise(
+    child, monitor: HeartbeatMonitor, out: RankOutput, stall: float, interrupted: list[str]
+) -> list[tuple[int, float]]:
+    """Relay output until horovodrun ends, or stop the job on a stall or a signal.
+
+    Returns the stalled ``(rank, seconds silent)`` pairs (empty if none).
+    """
     pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
     known: dict[int, object] = {}
     stalled: list[tuple[int, float]] = []
-    try:
-        while child.poll() is None:
-            for r, pid in monitor.local_pids().items():
-                if known.get(r) is None:  # only processes in our own tree
-                    known[r] = processes.descendant(child.pid, pid)
-            stalled = monitor.silent_ranks(stall)
-            if stalled or interrupted:
-                break
-            time.sleep(0.25)
-        if child.poll() is None:  # stalled or interrupted: stop everything we started
-            if stalled:
-                r, age = stalled[0]
-                out.launcher_line(
-                    f"hvdkitrun: rank {r} stalled: no heartbeat for {age:.0f} s (stall timeout "
-                    f"{stall:g} s; the process is frozen or stuck). Stopping the job."
-                )
-            processes.stop_group(child.pid)
-        child.wait()
-        for t in pumps:
-            t.join(timeout=5)
-        leftovers = processes.stop([p for p in known.values() if p is not None])
-        if leftovers:
-            out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
-    finally:
-        for s, h in prev.items():
-            signal.signal(s, h)
-        monitor.close()
-        out.close()
+    while child.poll() is None:
+        for r, pid in monitor.local_pids().items():
+            if known.get(r) is None:  # only processes in our own tree
+                known[r] = processes.descendant(child.pid, pid)
+        stalled = monitor.silent_ranks(stall)
+        if stalled or interrupted:
+            break
+        time.sleep(0.25)
+    if child.poll() is None:  # stalled or interrupted: stop everything we started
+        if stalled:
+            r, age = stalled[0]
+            out.launcher_line(
+                f"hvdkitrun: rank {r} stalled: no heartbeat for {age:.0f} s (stall timeout "
+                f"{stall:g} s; the process is frozen or stuck). Stopping the job."
+            )
+        processes.stop_group(child.pid)
+    child.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    leftovers = processes.stop([p for p in known.values() if p is not None])
+    if leftovers:
+        out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
+    return stalled
 
+
+def _outcome(child, out: RankOutput, stall: float, stalled, interrupted: list[str]) -> int:
+    """Report how the job ended; returns hvdkitrun's exit status."""
     if interrupted:
-        out.launcher_line(f"hvdkitrun: interrupted by signal {interrupted[0]}; job stopped.")
-        return 128 + interrupted[0]
+        out.launcher_line(f"hvdkitrun: interrupted by {interrupted[0]}; job stopped.")
+        return 128 + signal.Signals[interrupted[0]].value
     if stalled:
         r = stalled[0][0]
         _report_rank(out, r, f"stalled (no progress for more than {stall:g} s)")
         return EXIT_STALLED
-    if child.returncode != 0:
-        r, why = failing_rank(out.launcher_lines)
-        r, why = _root_cause(out, r, why)
-        if r is None:
-            missing = re.search(r"[Mm]issing ranks:\s*([\d, ]+)", "\n".join(out.launcher_lines))
-            r = int(missing.group(1).split(",")[0]) if missing else None
-            why = "stalled: Horovod reported it missing from a collective" if missing else ""
-        if r is not None:
-            _report_rank(out, r, f"failed ({why})")
-        else:
-            out.launcher_line(
-                f"hvdkitrun: the job failed (horovodrun exit code {child.returncode})."
-            )
-        return child.returncode if child.returncode > 0 else 1
-    return 0
+    if child.returncode == 0:
+        return 0
+    r, why = failing_rank(out.launcher_lines)
+    r, why = _root_cause(out, r, why)
+    if r is None:
+        missing = re.search(r"[Mm]issing ranks:\s*([\d, ]+)", "\n".join(out.launcher_lines))
+        r = int(missing.group(1).split(",")[0]) if missing else None
+        why = "stalled: Horovod reported it missing from a collective" if missing else ""
+    if r is not None:
+        _report_rank(out, r, f"failed ({why})")
+    else:
+        out.launcher_line(f"hvdkitrun: the job failed (horovodrun exit code {child.returncode}).")
+    return child.returncode if child.returncode > 0 else 1
 
 
 def _root_cause(out: RankOutput, rank: int | None, why: str) -> tuple[int | None, str]:

@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 
 import psutil
+
+
+def spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start a supervised child: text pipes, its own session, dies with its parent.
+
+    Its own session lets us stop it and everything it started as one group
+    (and keeps the terminal's Ctrl-C for the supervisor to handle).
+    """
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[str]]:
+    """Record SIGINT/SIGTERM/SIGHUP (by name) instead of dying, while supervising."""
+    received: list[str] = []
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    prev = {
+        s: signal.signal(s, lambda n, _f: received.append(signal.Signals(n).name)) for s in sigs
+    }
+    try:
+        yield received
+    finally:
+        for s, handler in prev.items():
+            signal.signal(s, handler)
 
 
 def stop(processes: list[psutil.Process], grace_s: float = 5.0) -> list[int]:

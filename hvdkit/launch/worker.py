@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -148,59 +147,19 @@ def _run_program(ch, assign, sched_host, token, command, stall, log_dir) -> int:
     env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
     env[config.JOB_TOKEN] = token
 
-    stop_reasons: list[str] = []
-    prev = {
-        sig: signal.signal(sig, lambda n, _f: stop_reasons.append(signal.Signals(n).name))
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    }
     out = RankOutput(log_dir)
     try:
-        try:
-            # Own session: stopping the program stops everything it started.
-            child = subprocess.Popen(
-                command,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                bufsize=1,
-                start_new_session=True,
-                preexec_fn=processes.die_with_parent,
-            )
-        except OSError as exc:
-            detail = f"cannot start {command[0]!r}: {exc.strerror}"
-            _report(ch, 127, detail, [])
-            raise LaunchError(detail) from None
-        pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
-
-        def listen():
-            m = ch.recv() if child.poll() is None else None
-            if m is None:
-                stop_reasons.append("lost the connection to the scheduler")
-            elif m.get("type") == "abort":
-                stop_reasons.append(str(m.get("reason")))
-
-        threading.Thread(target=listen, daemon=True).start()
-        stalled = None
-        while child.poll() is None:
-            silent = monitor.silent_ranks(stall)
-            if silent and stalled is None:
-                stalled = silent[0][1]
-                log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
-            if stalled is not None or (stop_reasons and child.poll() is None):
-                processes.stop_group(child.pid)
-            time.sleep(0.25)
-        code = child.returncode
-        # Snapshot now: once we report, the scheduler may close the connection,
-        # which the listener would otherwise record as a reason.
-        reasons = list(stop_reasons)
-        for t in pumps:
-            t.join(timeout=5)
+        with processes.stop_signals() as stop_reasons:
+            try:
+                child = processes.spawn(command, env)
+            except OSError as exc:
+                detail = f"cannot start {command[0]!r}: {exc.strerror}"
+                _report(ch, 127, detail, [])
+                raise LaunchError(detail) from None
+            code, stalled, reasons = _supervise(ch, child, monitor, out, rank, stall, stop_reasons)
     finally:
         monitor.close()
         out.close()
-        for sig, handler in prev.items():
-            signal.signal(sig, handler)
     if stalled is not None:
         detail = f"stalled: no heartbeat for {stalled:.0f} s (stall timeout {stall:g} s)"
         code = code if code > 0 else 1
@@ -212,6 +171,38 @@ def _run_program(ch, assign, sched_host, token, command, stall, log_dir) -> int:
     if code == 0:
         return 1 if reasons else 0
     return code if code > 0 else 1
+
+
+def _supervise(ch, child, monitor, out, rank, stall, stop_reasons):
+    """Relay output; stop the program on a stall, a signal, an abort or a lost scheduler.
+
+    Returns ``(exit code, seconds silent if it stalled else None, stop reasons)``.
+    """
+    pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
+
+    def listen():
+        m = ch.recv() if child.poll() is None else None
+        if m is None:
+            stop_reasons.append("lost the connection to the scheduler")
+        elif m.get("type") == "abort":
+            stop_reasons.append(str(m.get("reason")))
+
+    threading.Thread(target=listen, daemon=True).start()
+    stalled = None
+    while child.poll() is None:
+        silent = monitor.silent_ranks(stall)
+        if silent and stalled is None:
+            stalled = silent[0][1]
+            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
+        if stalled is not None or stop_reasons:
+            processes.stop_group(child.pid)
+        time.sleep(0.25)
+    # Snapshot now: once we report, the scheduler may close the connection,
+    # which the listener would otherwise record as a reason.
+    reasons = list(stop_reasons)
+    for t in pumps:
+        t.join(timeout=5)
+    return child.returncode, stalled, reasons
 
 
 def _pump(out: RankOutput, rank: int, pipe, stream: str) -> threading.Thread:
