@@ -70,7 +70,7 @@ def main() -> int:
     if rank == 0:
         print(
             f"training on {len(train_idx)} digits with {size} process(es), "
-            f"{len(train_idx) // size} per process per epoch",
+            f"{-(-len(train_idx) // size)} per process per epoch (pad mode: equal shards)",
             flush=True,
         )
     for epoch in range(args.epochs):
