@@ -38,6 +38,13 @@ class LaunchResult:
             path = outdir / f"rank{r}.json"
             self.ranks.append(json.loads(path.read_text()) if path.exists() else None)
 
+    def assert_all_passed(self, expected: list[str]) -> None:
+        """The job exited 0 and every rank passed exactly the ``expected`` checks, in order."""
+        assert self.returncode == 0, self.output[-5000:]
+        for rank in range(len(self.ranks)):
+            assert self.ranks[rank] is not None, self.output[-5000:]
+            assert self.passed(rank) == expected, self.output[-2000:]
+
     def passed(self, rank: int) -> list[str]:
         return self.ranks[rank]["passed"]
 
