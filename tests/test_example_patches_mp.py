@@ -1,4 +1,4 @@
-"""scripts/example_patches.py under the real launcher: 2 ranks, each on half of every image."""
+"""examples/patches.py under the real launcher: 2 ranks, each on half of every image."""
 
 import re
 
@@ -6,7 +6,7 @@ from test_examples_mp import run_example
 
 
 def test_patch_example_trains_on_image_halves(transport):
-    proc = run_example("example_patches.py", transport)
+    proc = run_example("patches.py", transport)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "2 rank(s), grid 1x2, patches [256, 128] of 256x256" in out, out[-2000:]

@@ -14,7 +14,7 @@ def run_example(script, transport, *args, timeout=400):
         "2",
         f"--{transport}",
         sys.executable,
-        str(REPO / "scripts" / script),
+        str(REPO / "examples" / script),
         *args,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=launcher_env())
@@ -40,7 +40,7 @@ def test_demo_fails_loudly_below_the_accuracy_bar():
 
 
 def test_manual_parallel_matches_automatic_path(transport):
-    proc = run_example("example_manual_parallel.py", transport)
+    proc = run_example("manual_parallel.py", transport)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     m = re.search(r"max \|manual - automatic\| weight difference: ([\d.e+-]+)", out)

@@ -22,6 +22,8 @@ import pytest
 from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env
 
 TRAIN = str(MULTIPROC / "launch_train.py")
+SCHEDULER_SH = str(REPO / "examples" / "cluster" / "run_scheduler.sh")
+WORKERS_SH = str(REPO / "examples" / "cluster" / "run_workers.sh")
 PY = sys.executable
 
 
@@ -104,11 +106,11 @@ def scheduler_job(
 ):
     """run_scheduler.sh + one run_workers.sh per worker; returns (codes, outputs)."""
     env = sched_env(port, token, HVDKIT_SCHED_HOST=sched_host)
-    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path, netns[0])
+    sched = start([SCHEDULER_SH], env, tmp_path, netns[0])
     time.sleep(0.5)
     workers = [
         start(
-            [str(REPO / "scripts" / "run_workers.sh"), "1", PY, TRAIN, str(outdir), *train_args],
+            [WORKERS_SH, "1", PY, TRAIN, str(outdir), *train_args],
             env,
             tmp_path,
             ns,
@@ -247,11 +249,11 @@ def test_hvdkitrun_rank_finishing_early_is_not_a_stall(tmp_path):
 def test_scheduler_names_a_worker_that_was_killed(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1")
-    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
     train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
     workers = [
-        start([str(REPO / "scripts" / "run_workers.sh"), "1", *train], env, tmp_path)
+        start([WORKERS_SH, "1", *train], env, tmp_path)
         for _ in range(2)
     ]
     deadline = time.monotonic() + 120
@@ -271,12 +273,12 @@ def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1", HVDKIT_STALL_TIMEOUT=15)
     t0 = time.monotonic()
-    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
     workers = [
         start(
             [
-                str(REPO / "scripts" / "run_workers.sh"),
+                WORKERS_SH,
                 "1",
                 PY,
                 TRAIN,
@@ -302,9 +304,9 @@ def test_scheduler_times_out_when_a_worker_never_arrives(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_TIMEOUT=5)
     t0 = time.monotonic()
-    sched = start([str(REPO / "scripts" / "run_scheduler.sh")], env, tmp_path)
+    sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
-    worker = start([str(REPO / "scripts" / "run_workers.sh"), "1", PY, "-c", "pass"], env, tmp_path)
+    worker = start([WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path)
     (sc, sout), (wc, wout) = finish(sched, 60), finish(worker, 60)
     assert sc == 2 and wc != 0
     assert "only 1 of 2 workers registered within 5 s (arrived: " in sout, sout
@@ -321,18 +323,18 @@ def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
         "import os; print('job', os.environ['HOROVOD_RANK'], "
         "os.environ['HOROVOD_SIZE'], os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT'])",
     ]
-    sched_a = start([str(REPO / "scripts" / "run_scheduler.sh")], env_a, tmp_path)
-    sched_b = start([str(REPO / "scripts" / "run_scheduler.sh")], env_b, tmp_path)
+    sched_a = start([SCHEDULER_SH], env_a, tmp_path)
+    sched_b = start([SCHEDULER_SH], env_b, tmp_path)
     time.sleep(0.5)
     intruder = start(
-        [str(REPO / "scripts" / "run_workers.sh"), "1", *show],
+        [WORKERS_SH, "1", *show],
         {**env_b, "HVDKIT_SCHED_PORT": str(port_a)},
         tmp_path,
     )
     ic, iout = finish(intruder, 60)
     assert ic != 0 and "refused this worker: bad job token" in iout, iout
-    wa = start([str(REPO / "scripts" / "run_workers.sh"), "2", *show], env_a, tmp_path)
-    wb = start([str(REPO / "scripts" / "run_workers.sh"), "2", *show], env_b, tmp_path)
+    wa = start([WORKERS_SH, "2", *show], env_a, tmp_path)
+    wb = start([WORKERS_SH, "2", *show], env_b, tmp_path)
     results = [finish(p, 60) for p in (wa, wb, sched_a, sched_b)]
     assert [c for c, _ in results] == [0, 0, 0, 0], results
     assert "refused a worker from 127.0.0.1" in results[2][1]
@@ -350,7 +352,7 @@ def test_scheduler_port_in_use_is_a_clear_error(tmp_path):
         busy.listen(1)
         port = busy.getsockname()[1]
         proc = run(
-            [str(REPO / "scripts" / "run_scheduler.sh")],
+            [SCHEDULER_SH],
             tmp_path,
             timeout=60,
             env_extra=sched_env(port),
@@ -424,7 +426,7 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
     (Path("/etc/netns") / a / "hosts").write_text(f"127.0.0.1 localhost {socket.gethostname()}\n")
     env = sched_env(29714, HVDKIT_SCHED_HOST="10.213.7.2", HVDKIT_SCHED_TIMEOUT=5)
     worker = start(
-        [str(REPO / "scripts" / "run_workers.sh"), "1", PY, "-c", "pass"], env, tmp_path, a
+        [WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path, a
     )
     code, out = finish(worker, 60)
     assert code != 0

@@ -54,7 +54,7 @@ def test_lenet_mnist_sink_example_loss_falls():
         "2",
         "--gloo",
         sys.executable,
-        str(REPO / "scripts" / "example_lenet_sink.py"),
+        str(REPO / "examples" / "lenet_sink.py"),
     ]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launcher_env())

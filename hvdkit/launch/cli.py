@@ -17,7 +17,6 @@ import argparse
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import sys
@@ -145,9 +144,12 @@ def run(argv: list[str] | None = None) -> int:
     np_, hosts = plan(args)
     transport = args.transport or DEFAULT_TRANSPORT
     stall = stall_timeout(args.stall_timeout)
-    horovodrun = shutil.which("horovodrun")
+    horovodrun = processes.find_tool("horovodrun")
     if horovodrun is None:
-        raise LaunchError("horovodrun is not on PATH; run scripts/install.sh or activate .venv.")
+        raise LaunchError(
+            f"horovodrun is neither beside {sys.executable} nor on PATH; install Horovod into "
+            "this Python (scripts/install.sh does) or put horovodrun on PATH."
+        )
 
     all_local = all(_is_local(h) for h, _ in hosts)
     bind = "127.0.0.1" if all_local else "0.0.0.0"
@@ -159,7 +161,7 @@ def run(argv: list[str] | None = None) -> int:
     token = config.get(config.JOB_TOKEN) or secrets.token_hex(16)
     monitor = HeartbeatMonitor(token, bind_host=bind)
 
-    env = dict(os.environ)
+    env = processes.program_env(dict(os.environ))
     env[config.MONITOR_ADDR] = f"{seen_as}:{monitor.port}"
     env[config.JOB_TOKEN] = token
     for key, value in horovod_stall_env(stall).items():

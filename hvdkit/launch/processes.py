@@ -4,12 +4,43 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import psutil
+
+
+def bin_dir() -> str:
+    """The folder of the running interpreter: a venv's ``bin`` when called by path."""
+    return os.path.dirname(sys.executable)
+
+
+def find_tool(name: str) -> str | None:
+    """``name`` (e.g. ``horovodrun``) beside the running interpreter, else on PATH.
+
+    ``.venv/bin/hvdkitrun`` must work without the venv being activated, so the
+    tools installed with hvdkit win over whatever PATH holds.
+    """
+    beside = os.path.join(bin_dir(), name)
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which(name)
+
+
+def program_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the interpreter's folder first on PATH.
+
+    So that ``python train.py`` in a job started by ``.venv/bin/hvdkitrun``
+    runs the venv's Python, as it would with the venv activated.
+    """
+    path = env.get("PATH", "")
+    if path.split(os.pathsep)[:1] != [bin_dir()]:
+        env = {**env, "PATH": os.pathsep.join([bin_dir(), path]) if path else bin_dir()}
+    return env
 
 
 def spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:

@@ -6,8 +6,8 @@
         HVDKIT_JOB_TOKEN=... hvdkitrun python train.py
 
 MindSpore's ``MS_ROLE``, ``MS_WORKER_NUM``, ``MS_SCHED_HOST`` and
-``MS_SCHED_PORT`` are accepted as aliases. ``scripts/run_scheduler.sh`` and
-``scripts/run_workers.sh`` wrap these.
+``MS_SCHED_PORT`` are accepted as aliases. ``examples/cluster/run_scheduler.sh`` and
+``examples/cluster/run_workers.sh`` wrap these.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def _run_program(ch, assign, sched_host, token, command, stall, log_dir) -> int:
     except LaunchError as exc:
         _report(ch, 1, str(exc), [])
         raise
-    env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
+    env = processes.program_env({k: v for k, v in os.environ.items() if k not in _ROLE_VARS})
     env.update(horovod_env(assign, sched_host, iface))
     for key, value in horovod_stall_env(stall).items():  # alive but stuck, not frozen
         env.setdefault(key, value)

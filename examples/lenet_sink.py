@@ -1,6 +1,6 @@
 """LeNet-5 on MNIST-format data in sink mode, with 1 or N processes.
 
-    horovodrun -np 2 --gloo python scripts/example_lenet_sink.py [--data-dir DIR]
+    horovodrun -np 2 --gloo python examples/lenet_sink.py [--data-dir DIR]
 
 The two forms of MindSpore's sink-mode tutorial, in TensorFlow:
 

@@ -2,7 +2,7 @@
 
 Runs as is in one process, or under a launcher with N processes:
 
-    horovodrun -np 2 --gloo python scripts/train_digits.py
+    horovodrun -np 2 --gloo python examples/train_digits.py
 
 Lines that differ from single-process Keras code are marked ``# hvdkit:``.
 Each rank trains on its own shard of the training set (a new shuffle every

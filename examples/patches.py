@@ -1,7 +1,7 @@
 """Patch parallelism: every rank trains on its own patch of every large image.
 
-    .venv/bin/horovodrun -np 2 --gloo .venv/bin/python scripts/example_patches.py
-    .venv/bin/python scripts/example_patches.py          # one process: whole images
+    .venv/bin/horovodrun -np 2 --gloo .venv/bin/python examples/patches.py
+    .venv/bin/python examples/patches.py          # one process: whole images
 
 The images (synthetic 256 x 256 "scenes" with horizontal or vertical stripes
 under noise) are cut into a 1 x size() grid: with 2 ranks, rank 0 sees the

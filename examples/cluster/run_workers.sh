@@ -2,7 +2,7 @@
 # Start NUM_LOCAL workers of a multi-node job on this machine and wait for them.
 #
 #   HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_SCHED_PORT=29500 HVDKIT_JOB_TOKEN=... \
-#       scripts/run_workers.sh 4 python train.py
+#       examples/cluster/run_workers.sh 4 python train.py
 #
 # Each worker's output is prefixed with its rank; with HVDKIT_LOG_DIR set it
 # also goes to $HVDKIT_LOG_DIR/rank.N/{stdout,stderr}. Exits non-zero if any
@@ -10,13 +10,13 @@
 # machine the token is read from the file run_scheduler.sh wrote, if
 # HVDKIT_JOB_TOKEN is not set.
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if (($# < 2)) || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 NUM_LOCAL program [args...]   (NUM_LOCAL: workers on this machine, >= 1)" >&2
     exit 2
 fi
-HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh" >&2
-source "$REPO/scripts/_env.sh"
+# Starting a node installs nothing: run scripts/install.sh once per machine beforehand.
+source "$REPO/examples/cluster/_find_hvdkitrun.sh"
 num_local="$1"; shift
 port="${HVDKIT_SCHED_PORT:-${MS_SCHED_PORT:-29500}}"
 token_file="${HVDKIT_TOKEN_FILE:-$HOME/.hvdkit/job-$port.token}"
@@ -35,7 +35,7 @@ pids=()
 # Background jobs of a script ignore SIGINT: forward it (and TERM/HUP) ourselves.
 trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM HUP
 for ((i = 0; i < num_local; i++)); do
-    HVDKIT_ROLE=worker hvdkitrun "$@" &
+    HVDKIT_ROLE=worker "$HVDKITRUN" "$@" &
     pids+=($!)
 done
 status=0

@@ -1,6 +1,6 @@
 """Benchmark: slice_patches on 2048 x 2048 x 3 uint8 images inside a tf.data pipeline.
 
-    .venv/bin/python scripts/bench_patches.py [--images 48] [--repeats 3]
+    .venv/bin/python benchmarks/patches.py [--images 48] [--repeats 3]
 
 Every row runs the same pipeline, ``from_tensor_slices(images).map(fn)``,
 iterated to the end, and reports input MB/s (one image = 12.6 MB):

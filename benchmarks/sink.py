@@ -1,6 +1,6 @@
 """Training steps/s in sink mode against a plain loop and Keras steps_per_execution.
 
-    .venv/bin/python scripts/bench_sink.py [--mlp-steps 600] [--lenet-steps 100]
+    .venv/bin/python benchmarks/sink.py [--mlp-steps 600] [--lenet-steps 100]
 
 Workloads, batch 32 per process, SGD, synthetic data held in memory:
 
@@ -44,7 +44,7 @@ VARIANTS = ("data_sink", "sink_train", "keras_spe")
 def build(keras, workload: str):
     keras.utils.set_random_seed(0)
     if workload == "lenet":
-        from example_lenet_sink import lenet5  # this script's folder is on sys.path
+        from lenet_sink import lenet5  # examples/ is on sys.path (see main)
 
         return lenet5()
     return keras.Sequential(
@@ -158,7 +158,7 @@ def measure(workload: str, min_steps: int, sizes: list[int], results: dict, vari
 # ----------------------------------------------------------------- driver side
 def run_worker(procs: int, out: Path, args) -> dict:
     out.unlink(missing_ok=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'examples'}")
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     me = [sys.executable, __file__, "--worker", "--out", str(out)]
@@ -248,7 +248,7 @@ def svg_plot(table: dict, sizes: list[int], path: Path) -> None:
         )
     parts.append(
         f'<text x="{ml}" y="{height - 10}" fill="#555">N = sink_size = steps_per_execution; '
-        "batch 32 per process; CPU, 2 cores; LeNet: no sink_train (scripts/bench_sink.py)</text>"
+        "batch 32 per process; CPU, 2 cores; LeNet: no sink_train (benchmarks/sink.py)</text>"
     )
     parts.append("</svg>")
     path.write_text("\n".join(parts) + "\n")

@@ -1,6 +1,6 @@
 """Manual data parallelism: the step slices the global batch by rank itself.
 
-    horovodrun -np 2 --gloo python scripts/example_manual_parallel.py
+    horovodrun -np 2 --gloo python examples/manual_parallel.py
 
 Every rank reads the *same* global batch; the training step keeps rows
 ``[rank * B/size, (rank + 1) * B/size)``, computes its local loss, and

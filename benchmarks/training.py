@@ -1,6 +1,6 @@
 """Training throughput of hvdkit against its peers, side by side in one run.
 
-    .venv/bin/python scripts/bench_training.py [--steps 150] [--rounds 2]
+    .venv/bin/python benchmarks/training.py [--steps 150] [--rounds 2]
 
 Variants (small CNN on 32x32x3 synthetic images, batch 64 per process, SGD):
 

@@ -3,7 +3,7 @@
 Run under a launcher, one process per rank::
 
     TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/horovodrun -np 2 --gloo \
-        .venv/bin/python scripts/bench_sharding.py [--rounds 5]
+        .venv/bin/python benchmarks/sharding.py [--rounds 5]
 
 Rank 0 writes two file datasets to a temporary directory:
 

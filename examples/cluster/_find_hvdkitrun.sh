@@ -1,0 +1,21 @@
+# Sourced by run_scheduler.sh / run_workers.sh: sets HVDKITRUN without installing anything.
+# Order: $HVDKITRUN if set, hvdkitrun on PATH, then this checkout's .venv.
+if [[ -z "${HVDKITRUN:-}" ]]; then
+    if command -v hvdkitrun >/dev/null 2>&1; then
+        HVDKITRUN="$(command -v hvdkitrun)"
+    elif [[ -x "$REPO/.venv/bin/hvdkitrun" ]]; then
+        HVDKITRUN="$REPO/.venv/bin/hvdkitrun"
+    else
+        echo "hvdkitrun not found (not on PATH, not in $REPO/.venv): install hvdkit on this" \
+             "machine first with $REPO/scripts/install.sh, or set HVDKITRUN=/path/to/hvdkitrun" >&2
+        exit 2
+    fi
+fi
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+if [[ $(id -u) -eq 0 ]]; then
+    # Open MPI refuses to start as root without these.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+# "python train.py" in the workers' command means the Python hvdkitrun belongs to.
+PATH="$(dirname "$HVDKITRUN"):$PATH"
+export PATH
