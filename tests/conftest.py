@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,28 +29,85 @@ def launcher_env() -> dict:
 
 
 class LaunchResult:
-    def __init__(self, proc: subprocess.CompletedProcess, outdir: Path, np_: int):
-        self.proc = proc
-        self.returncode = proc.returncode
-        self.output = proc.stdout + proc.stderr
+    """What a 2-rank worker script reported: its exit status, output and per-rank checks."""
+
+    def __init__(self, returncode: int, output: str, outdir: Path, np_: int, timed_out=False):
+        self.returncode = returncode
+        self.output = output
         self.outdir = outdir
+        self.timed_out = timed_out
         self.ranks = []
         for r in range(np_):
             path = outdir / f"rank{r}.json"
             self.ranks.append(json.loads(path.read_text()) if path.exists() else None)
 
+    def _how_it_ended(self) -> str:
+        if self.timed_out:
+            return "the job was stopped after its time limit (a hang)"
+        return f"the job exited with status {self.returncode}"
+
+    def assert_check(self, name: str) -> None:
+        """Check ``name`` passed on every rank; otherwise fail with that rank's traceback."""
+        for rank, report in enumerate(self.ranks):
+            result = (report or {}).get("results", {}).get(name)
+            if result is None:
+                raise AssertionError(
+                    f"check {name!r} was not reached on rank {rank}; {self._how_it_ended()}.\n"
+                    f"last output:\n{self.output[-3000:]}"
+                )
+            if not result["ok"]:
+                raise AssertionError(f"check {name!r} failed on rank {rank}:\n{result['error']}")
+
+    def assert_reported_exactly(self, expected: list[str]) -> None:
+        """Every rank ran exactly the ``expected`` checks, in order, and the job exited 0."""
+        for rank, report in enumerate(self.ranks):
+            got = list((report or {}).get("results", {}))
+            assert got == expected, f"rank {rank} reported checks {got}, expected {expected}"
+        assert self.returncode == 0, f"{self._how_it_ended()}\n{self.output[-3000:]}"
+
     def assert_all_passed(self, expected: list[str]) -> None:
-        """The job exited 0 and every rank passed exactly the ``expected`` checks, in order."""
-        assert self.returncode == 0, self.output[-5000:]
-        for rank in range(len(self.ranks)):
-            assert self.ranks[rank] is not None, self.output[-5000:]
-            assert self.passed(rank) == expected, self.output[-2000:]
+        """Each of ``expected`` passed on every rank, and nothing else was reported."""
+        for name in expected:
+            self.assert_check(name)
+        self.assert_reported_exactly(expected)
 
     def passed(self, rank: int) -> list[str]:
         return self.ranks[rank]["passed"]
 
     def values(self, rank: int) -> dict:
         return self.ranks[rank]["values"]
+
+
+def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, bool]:
+    """Run ``cmd`` in its own session; on timeout stop that session (only our own processes).
+
+    Returns ``(exit status, stdout + stderr, timed out)``.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out, False
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, _ = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out = ""
+        return proc.returncode, out or "", True
 
 
 def launch(
@@ -76,10 +134,39 @@ def launch(
         str(outdir),
         *map(str, args),
     ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path
-    )
-    return LaunchResult(proc, outdir, np_)
+    code, out, timed_out = run_bounded(cmd, timeout, env=env, cwd=tmp_path)
+    return LaunchResult(code, out, outdir, np_, timed_out)
+
+
+class WorkerRun:
+    """One run of a worker script per transport, shared by the tests of every check.
+
+    A test module declares its checks and reports each as its own pytest item::
+
+        RUN = WorkerRun("training_worker.py", timeout=600)
+        CHECKS = ["fit_sgd_equals_single_process", ...]
+
+        @pytest.mark.parametrize("check", CHECKS)
+        def test_check(check, transport, tmp_path_factory):
+            RUN.result(transport, tmp_path_factory).assert_check(check)
+
+        def test_reports_exactly_these_checks(transport, tmp_path_factory):
+            RUN.result(transport, tmp_path_factory).assert_reported_exactly(CHECKS)
+    """
+
+    def __init__(self, script: str, *, np_: int = 2, args: tuple = (), timeout: float = 300,
+                 env_extra: dict | None = None):
+        self.script, self.np_, self.args = script, np_, args
+        self.timeout, self.env_extra = timeout, env_extra
+        self._results: dict[str, LaunchResult] = {}
+
+    def result(self, transport: str, tmp_path_factory) -> LaunchResult:
+        if transport not in self._results:
+            tmp = tmp_path_factory.mktemp(f"{Path(self.script).stem}-{transport}")
+            self._results[transport] = launch(
+                self.script, tmp, transport, self.np_, self.args, self.timeout, self.env_extra
+            )
+        return self._results[transport]
 
 
 @pytest.fixture(params=TRANSPORTS)

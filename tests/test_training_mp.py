@@ -1,6 +1,10 @@
 """DistributedOptimizer / callbacks equivalence with 2 processes, over Gloo and MPI."""
 
-from conftest import launch
+import pytest
+
+from conftest import WorkerRun
+
+RUN = WorkerRun("training_worker.py", timeout=600)
 
 EXPECTED = [
     "fit_sgd_equals_single_process",
@@ -25,9 +29,17 @@ EXPECTED = [
 ]
 
 
-def test_training_two_ranks(tmp_path, transport):
-    res = launch("training_worker.py", tmp_path, transport, timeout=600)
-    res.assert_all_passed(EXPECTED)
+@pytest.mark.parametrize("check", EXPECTED)
+def test_training(check, transport, tmp_path_factory):
+    RUN.result(transport, tmp_path_factory).assert_check(check)
+
+
+def test_training_reports_exactly_these_checks(transport, tmp_path_factory):
+    RUN.result(transport, tmp_path_factory).assert_reported_exactly(EXPECTED)
+
+
+def test_training_values(transport, tmp_path_factory):
+    res = RUN.result(transport, tmp_path_factory)
     for r in (0, 1):
         v = res.values(r)
         assert abs(v["oneflow_w"][0] - 2.0) < 1e-3 and abs(v["oneflow_w"][1] - 3.0) < 1e-3

@@ -1,9 +1,15 @@
 """Shared by the scripts in this folder, which run under a launcher with 2 ranks.
 
-Each script records named checks; on the first failure it prints the reason and
-exits 1, so the launcher (and pytest) see a non-zero status. At the end every
-rank writes ``<outdir>/rank<r>.json`` with the names of the checks it passed
-and any values the pytest side compares across ranks.
+Each script records named checks. A failed check is recorded with its
+traceback and the script goes on to the next one, so that pytest reports
+every check as its own item (see ``WorkerRun`` in ``tests/conftest.py``).
+After every check each rank rewrites ``<outdir>/rank<r>.json``, so a job
+that dies or hangs later still reports what it reached. The script exits 1
+at ``finish()`` when any check failed.
+
+A failure inside a collective may leave the ranks out of step; the checks
+after it can then hang, and the pytest side ends the job after its timeout
+and reports those checks as not reached.
 """
 
 from __future__ import annotations
@@ -21,19 +27,26 @@ class Checks:
     def __init__(self, rank: int, outdir: str):
         self.rank = rank
         self.outdir = outdir
-        self.passed: list[str] = []
+        self.results: dict[str, dict] = {}  # name -> {"ok": bool, "error": str}
         self.values: dict = {}
+
+    @property
+    def passed(self) -> list[str]:
+        return [name for name, r in self.results.items() if r["ok"]]
 
     @contextlib.contextmanager
     def check(self, name: str):
+        if name in self.results:
+            raise ValueError(f"check {name!r} recorded twice; give each check its own name")
         try:
             yield
         except Exception:
-            msg = f"[rank {self.rank}] CHECK FAILED: {name}\n{traceback.format_exc()}"
-            os.write(2, msg.encode())
-            sys.stdout.flush()
-            os._exit(1)  # do not wait for peers: the launcher tears the job down
-        self.passed.append(name)
+            error = traceback.format_exc()
+            os.write(2, f"[rank {self.rank}] CHECK FAILED: {name}\n{error}".encode())
+            self.results[name] = {"ok": False, "error": error[-4000:]}
+        else:
+            self.results[name] = {"ok": True, "error": ""}
+        self._write()
 
     @staticmethod
     def expect_errors(cases, error_type) -> None:
@@ -48,9 +61,30 @@ class Checks:
 
     def record(self, key: str, value) -> None:
         self.values[key] = value
+        self._write()
+
+    def _write(self) -> None:
+        path = os.path.join(self.outdir, f"rank{self.rank}.json")
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(
+                {
+                    "rank": self.rank,
+                    "results": self.results,
+                    "passed": self.passed,
+                    "values": self.values,
+                },
+                f,
+            )
+        os.replace(tmp, path)
 
     def finish(self) -> None:
-        path = os.path.join(self.outdir, f"rank{self.rank}.json")
-        with open(path, "w") as f:
-            json.dump({"rank": self.rank, "passed": self.passed, "values": self.values}, f)
-        os.write(1, f"[rank {self.rank}] {len(self.passed)} checks passed\n".encode())
+        self._write()
+        failed = [n for n, r in self.results.items() if not r["ok"]]
+        os.write(
+            1, f"[rank {self.rank}] {len(self.passed)} checks passed, {len(failed)} failed\n".encode()
+        )
+        if failed:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
