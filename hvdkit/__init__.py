@@ -24,8 +24,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (a name equal to its module is the module)
 _EXPORTS = {
-    # runtime
-    "init": "runtime",
+    # runtime (init itself is defined below: it wires the layers above runtime)
     "shutdown": "runtime",
     "is_initialized": "runtime",
     "rank": "runtime",
@@ -75,7 +74,42 @@ _EXPORTS = {
     "InputPipelineError": "errors",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = ["init", *_EXPORTS, "__version__"]
+
+
+def init(backend: str | None = None, **kwargs) -> None:
+    """Start hvdkit: :func:`hvdkit.runtime.init` plus what the layers above it need.
+
+    Takes the arguments of :func:`hvdkit.runtime.init`. After the runtime is up
+    it registers :class:`DistributedOptimizer` with Keras (so that
+    ``keras.models.load_model`` finds it in any script that started hvdkit)
+    and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
+    watches for its stall timeout.
+
+    Example:
+        >>> import hvdkit
+        >>> hvdkit.init()
+        >>> hvdkit.rank(), hvdkit.size()   # (0, 1) without a launcher
+        (0, 1)
+    """
+    from . import runtime
+
+    first = not runtime.is_initialized()
+    runtime.init(backend, **kwargs)
+    if not first:
+        return
+    try:
+        from . import optimizer  # noqa: F401  (registers DistributedOptimizer)
+    except ImportError:  # Keras 2: collectives still work, the optimizer does not
+        pass
+    from . import config
+
+    addr = config.get(config.MONITOR_ADDR)
+    if addr:
+        from .launch.heartbeat import start_sender
+
+        host, _, port = addr.rpartition(":")
+        start_sender(host, int(port), config.get(config.JOB_TOKEN, ""), runtime.rank())
 
 
 def __getattr__(name: str):
@@ -130,7 +164,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         barrier,
         cross_rank,
         cross_size,
-        init,
         is_initialized,
         local_rank,
         local_size,

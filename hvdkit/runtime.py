@@ -31,6 +31,9 @@ __all__ = [
     "backend_name",
 ]
 
+# The layers above (the launcher's heartbeat, the Keras optimizer registration)
+# are wired in by hvdkit.init in the package facade: runtime imports nothing
+# from them (tests/unit/test_layering.py).
 logger = logging.getLogger("hvdkit")
 _backend: Backend | None = None
 
@@ -69,10 +72,6 @@ def init(
         (0, 1)
     """
     global _backend
-    # Registers DistributedOptimizer with Keras, so that keras.models.load_model
-    # finds it in any script that started hvdkit (hvdkit's names load lazily).
-    from . import optimizer  # noqa: F401
-
     if _backend is not None:
         return
     name = backend or config.get(config.BACKEND)
@@ -87,21 +86,9 @@ def init(
         )
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
     _backend = create(name)
-    _start_heartbeat(_backend.rank())
     _configure_threads(threads, _backend.local_size())
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
-
-
-def _start_heartbeat(rank_: int) -> None:
-    """Under hvdkitrun, tell the launcher we are alive (for its stall timeout)."""
-    addr = config.get(config.MONITOR_ADDR)
-    if not addr:
-        return
-    from .launch.heartbeat import start_sender
-
-    host, _, port = addr.rpartition(":")
-    start_sender(host, int(port), config.get(config.JOB_TOKEN, ""), rank_)
 
 
 def _thread_setting(setting: int | str | None) -> int | str:
