@@ -158,7 +158,9 @@ def measure(workload: str, min_steps: int, sizes: list[int], results: dict, vari
 # ----------------------------------------------------------------- driver side
 def run_worker(procs: int, out: Path, args) -> dict:
     out.unlink(missing_ok=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'examples'}")
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'examples'}"
+    )
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     me = [sys.executable, __file__, "--worker", "--out", str(out)]

@@ -152,23 +152,37 @@ class WorkerRun:
 
         def test_reports_exactly_these_checks(transport, tmp_path_factory):
             RUN.result(transport, tmp_path_factory).assert_reported_exactly(CHECKS)
+
+
+    ``setup(tmp_path)``, if given, prepares the run's folder (e.g. writes data
+    files) and returns extra keyword arguments for :func:`launch`.
     """
 
-    def __init__(self, script: str, *, np_: int = 2, args: tuple = (), timeout: float = 300,
-                 env_extra: dict | None = None):
-        self.script, self.np_, self.args = script, np_, args
-        self.timeout, self.env_extra = timeout, env_extra
+    def __init__(self, script: str, *, setup=None, **launch_kwargs):
+        self.script, self.setup, self.launch_kwargs = script, setup, launch_kwargs
         self._results: dict[str, LaunchResult] = {}
 
     def result(self, transport: str, tmp_path_factory) -> LaunchResult:
         if transport not in self._results:
             tmp = tmp_path_factory.mktemp(f"{Path(self.script).stem}-{transport}")
-            self._results[transport] = launch(
-                self.script, tmp, transport, self.np_, self.args, self.timeout, self.env_extra
-            )
+            kwargs = {**self.launch_kwargs, **(self.setup(tmp) if self.setup else {})}
+            self._results[transport] = launch(self.script, tmp, transport, **kwargs)
         return self._results[transport]
 
 
 @pytest.fixture(params=TRANSPORTS)
 def transport(request):
     return request.param
+
+
+@pytest.fixture
+def local_runtime(monkeypatch):
+    """A size-1 hvdkit runtime, shut down after the test (runtime state is global)."""
+    import hvdkit
+
+    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HVDKIT_BACKEND"):
+        monkeypatch.delenv(var, raising=False)
+    hvdkit.shutdown()
+    hvdkit.init()
+    yield
+    hvdkit.shutdown()

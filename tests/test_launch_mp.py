@@ -252,10 +252,7 @@ def test_scheduler_names_a_worker_that_was_killed(tmp_path):
     sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
     train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
-    workers = [
-        start([WORKERS_SH, "1", *train], env, tmp_path)
-        for _ in range(2)
-    ]
+    workers = [start([WORKERS_SH, "1", *train], env, tmp_path) for _ in range(2)]
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"pid.rank{r}").exists() for r in (0, 1)):
         assert time.monotonic() < deadline, "ranks did not start"
@@ -425,9 +422,7 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
     a, _ = two_hosts
     (Path("/etc/netns") / a / "hosts").write_text(f"127.0.0.1 localhost {socket.gethostname()}\n")
     env = sched_env(29714, HVDKIT_SCHED_HOST="10.213.7.2", HVDKIT_SCHED_TIMEOUT=5)
-    worker = start(
-        [WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path, a
-    )
+    worker = start([WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path, a)
     code, out = finish(worker, 60)
     assert code != 0
     assert f"host name '{socket.gethostname()}' resolves to 127.0.0.1" in out, out

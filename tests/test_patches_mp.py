@@ -1,6 +1,10 @@
 """Patch parallelism and layout slicing with 2 processes under horovodrun, over Gloo and MPI."""
 
-from conftest import launch
+import pytest
+
+from conftest import WorkerRun
+
+RUN = WorkerRun("patches_worker.py")
 
 EXPECTED = [
     "topology",
@@ -19,9 +23,17 @@ EXPECTED = [
 ]
 
 
-def test_patches_two_ranks(tmp_path, transport):
-    res = launch("patches_worker.py", tmp_path, transport)
-    res.assert_all_passed(EXPECTED)
+@pytest.mark.parametrize("check", EXPECTED)
+def test_patches(check, transport, tmp_path_factory):
+    RUN.result(transport, tmp_path_factory).assert_check(check)
+
+
+def test_patches_reports_exactly_these_checks(transport, tmp_path_factory):
+    RUN.result(transport, tmp_path_factory).assert_reported_exactly(EXPECTED)
+
+
+def test_patches_values_agree_across_ranks(transport, tmp_path_factory):
+    res = RUN.result(transport, tmp_path_factory)
     # both ranks read the same images in the same order
     assert res.values(0)["seeded_order"] == res.values(1)["seeded_order"]
     assert sorted(res.values(0)["seeded_order"]) == list(range(20))

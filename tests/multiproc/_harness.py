@@ -81,9 +81,8 @@ class Checks:
     def finish(self) -> None:
         self._write()
         failed = [n for n, r in self.results.items() if not r["ok"]]
-        os.write(
-            1, f"[rank {self.rank}] {len(self.passed)} checks passed, {len(failed)} failed\n".encode()
-        )
+        summary = f"[rank {self.rank}] {len(self.passed)} checks passed, {len(failed)} failed\n"
+        os.write(1, summary.encode())
         if failed:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -76,8 +76,10 @@ def test_imports_point_down_the_layers(path):
         elif other == "launch":
             wrong.append(f"line {line}: {mine} imports the launcher ({name})")
         elif LAYERS.get(other, TOP) > LAYERS.get(mine, TOP):
-            wrong.append(f"line {line}: {mine} (layer {LAYERS.get(mine, TOP)}) imports {name} "
-                         f"(layer {LAYERS.get(other, TOP)})")
+            wrong.append(
+                f"line {line}: {mine} (layer {LAYERS.get(mine, TOP)}) imports {name} "
+                f"(layer {LAYERS.get(other, TOP)})"
+            )
     assert not wrong, f"{path.relative_to(PACKAGE)} imports upwards:\n" + "\n".join(wrong)
 
 
