@@ -3,20 +3,28 @@
 Under ``hvdkitrun`` every rank, from ``hvdkit.init()`` on, sends one small
 datagram per second to the launcher. A rank that is frozen (SIGSTOP, a
 deadlock holding the GIL, a machine that went away) stops sending, and the
-launcher ends the job naming it after the stall timeout. Datagrams carry the
-job token, so stray or forged packets are ignored.
+launcher ends the job naming it after the stall timeout. Datagrams are signed
+with a key derived from the job token (the token is never sent) and carry a
+sequence number and the send time, so stray, forged, replayed or stale
+packets are refused (:mod:`hvdkit.launch.auth`).
 """
 
 from __future__ import annotations
 
 import atexit
-import hmac
-import json
+import itertools
+import logging
 import os
 import socket
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from . import auth
+
+log = logging.getLogger("hvdkit.heartbeat")
 
 INTERVAL_S = 1.0
 DEFAULT_STALL_TIMEOUT_S = 120.0
@@ -51,26 +59,43 @@ def horovod_stall_env(stall_s: float) -> dict[str, str]:
     }
 
 
-def start_sender(host: str, port: int, token: str, rank: int) -> threading.Thread:
+def start_sender(
+    host: str, port: int, token: str, rank: int, status: Callable[[], dict] | None = None
+) -> threading.Thread:
     """Send heartbeats for ``rank`` from a daemon thread until the process exits.
+
+    Each datagram is a signed JSON body (:func:`hvdkit.launch.auth.seal`) with
+    the rank, pid, host, a random session id, a sequence number and the send
+    time; the token itself is never sent. ``status``, if given, returns extra
+    fields to include in each beat (a JSON object; keys must not clash).
 
     At a normal interpreter exit a last "bye" datagram tells the launcher this
     rank finished, so that silence afterwards is not taken for a stall.
     """
-    payload = {"t": token, "r": rank, "p": os.getpid(), "h": socket.gethostname()}
+    from ..errors import LaunchError
+
+    if not token:
+        raise LaunchError(
+            "HVDKIT_MONITOR_ADDR is set but HVDKIT_JOB_TOKEN is not: heartbeats could not be "
+            "authenticated. Start the program with hvdkitrun (which sets both), or unset "
+            "HVDKIT_MONITOR_ADDR."
+        )
+    key = auth.derive_key(token, auth.HEARTBEAT)
+    fixed = {"r": rank, "p": os.getpid(), "h": socket.gethostname(), "n": auth.new_nonce()}
+    seq = itertools.count()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send(**extra):
         try:
-            sock.sendto(json.dumps({**payload, **extra}).encode(), (host, port))
-        except OSError:
-            pass  # the launcher may be gone; nothing useful to do here
+            body = {**(status() if status else {}), **fixed, **extra}
+            body.update(s=next(seq), t=time.time())
+            sock.sendto(auth.seal(key, body), (host, port))
+        except Exception:  # noqa: BLE001 - the launcher may be gone; a beat must never raise
+            pass
 
     def loop():
-        seq = 0
         while True:
-            send(s=seq)
-            seq += 1
+            send()
             time.sleep(INTERVAL_S)
 
     atexit.register(send, bye=True)
@@ -86,17 +111,35 @@ class RankStatus:
     last_seen: float
     beats: int = 0
     finished: bool = False
+    session: str = ""
+    info: dict = field(default_factory=dict)  # the last authentic beat's body
+
+
+MAX_DATAGRAM = 4096  # bytes; a longer datagram is cut here and then fails its MAC
+MAX_RANK = 1 << 20
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 @dataclass
 class HeartbeatMonitor:
-    """Receives heartbeats; tells which ranks have been silent for too long."""
+    """Receives heartbeats; tells which ranks have been silent for too long.
+
+    Accepts only datagrams signed with the job's heartbeat key whose
+    ``(rank, session, sequence, time)`` is fresh (:class:`auth.ReplayGuard`);
+    anything else (garbage, forged, replayed, stale) is counted in
+    :attr:`refused` by reason and logged, at most once per reason every
+    :data:`REFUSAL_LOG_INTERVAL_S` with the number suppressed meanwhile.
+    """
 
     token: str
     bind_host: str = "127.0.0.1"
     ranks: dict[int, RankStatus] = field(default_factory=dict)
 
     def __post_init__(self):
+        self._key = auth.derive_key(self.token, auth.HEARTBEAT)
+        self._guard = auth.ReplayGuard()
+        self.refused: Counter[str] = Counter()
+        self._last_logged: dict[str, tuple[float, int]] = {}
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((self.bind_host, 0))
         self._sock.settimeout(0.5)
@@ -109,32 +152,51 @@ class HeartbeatMonitor:
     def _loop(self):
         while not self._stop.is_set():
             try:
-                data, _ = self._sock.recvfrom(4096)
+                data, addr = self._sock.recvfrom(MAX_DATAGRAM)
             except (TimeoutError, OSError):
                 continue
-            msg = self._parse(data)
-            if msg is None:
-                continue
-            rank, pid, host, bye = msg
-            with self._lock:
-                status = self.ranks.get(rank)
-                if status is None:
-                    status = self.ranks[rank] = RankStatus(pid, host, 0.0)
-                status.last_seen = time.monotonic()
-                status.beats += 1
-                status.finished = status.finished or bye
+            try:
+                self.accept(data)
+            except auth.AuthError as exc:
+                self._refuse(addr, str(exc))
+            except Exception as exc:  # noqa: BLE001 - no datagram may stop the monitor
+                self._refuse(addr, f"malformed: {type(exc).__name__}")
 
-    def _parse(self, data: bytes) -> tuple[int, int, str, bool] | None:
-        """(rank, pid, host, is_bye) of an authentic, well-formed heartbeat, else None."""
+    def accept(self, data: bytes) -> int:
+        """Record an authentic, fresh heartbeat; its rank. Raises :class:`auth.AuthError`."""
+        body = auth.unseal(self._key, data)
         try:
-            msg = json.loads(data)
-            token = str(msg["t"])
-            rank, pid, host = int(msg["r"]), int(msg["p"]), str(msg["h"])
-        except (ValueError, TypeError, KeyError):
-            return None
-        if not hmac.compare_digest(token.encode(), self.token.encode()) or rank < 0:
-            return None
-        return rank, pid, host, bool(msg.get("bye"))
+            rank, pid, host = int(body["r"]), int(body["p"]), str(body["h"])
+            session, seq, sent_at = str(body["n"]), int(body["s"]), float(body["t"])
+        except (KeyError, TypeError, ValueError):
+            raise auth.AuthError("malformed: a signed heartbeat without its fields") from None
+        if not 0 <= rank < MAX_RANK:
+            raise auth.AuthError(f"malformed: rank {rank}")
+        with self._lock:
+            self._guard.check(rank, session, seq, sent_at)
+            status = self.ranks.get(rank)
+            if status is None:
+                status = self.ranks[rank] = RankStatus(pid, host, 0.0)
+            if status.session != session:  # a new process for this rank
+                status.session, status.finished = session, False
+            status.pid, status.host, status.info = pid, host, body
+            status.last_seen = time.monotonic()
+            status.beats += 1
+            status.finished = status.finished or bool(body.get("bye"))
+        return rank
+
+    def _refuse(self, addr, reason: str) -> None:
+        kind = reason.split(":")[0]  # malformed, forged, replayed, stale
+        self.refused[kind] += 1
+        now = time.monotonic()
+        last, count_then = self._last_logged.get(kind, (-1e9, 0))
+        if now - last < REFUSAL_LOG_INTERVAL_S:
+            return
+        suppressed = self.refused[kind] - count_then - 1
+        more = f" ({suppressed} more like it since the last report)" if suppressed > 0 else ""
+        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        log.warning("refused a heartbeat from %s: %s%s", where, reason, more)
+        self._last_logged[kind] = (now, self.refused[kind])
 
     def silent_ranks(self, timeout: float) -> list[tuple[int, float]]:
         """``(rank, seconds since last heartbeat)`` for ranks silent longer than ``timeout``."""
