@@ -168,3 +168,56 @@ def keras_compile_token(model) -> object:
     optimizer, loss or metrics) from an unchanged one.
     """
     return getattr(model, "_compile_config", None)
+
+
+# --------------------------------------------------------------------------
+# Horovod's Gloo rendezvous server (launcher side; imports no TensorFlow).
+#
+# Horovod 0.28.1's ``RendezvousServer.start()`` binds its HTTP key-value store
+# to ``('', random port)``, every interface, and answers anyone: its public API
+# takes neither an address nor a guard, and Horovod's Gloo client cannot send a
+# credential. hvdkit therefore subclasses the server and handler classes
+# (internal names in ``horovod.runner.http.http_server``) to bind one address
+# and refuse clients that are not the job's (:mod:`hvdkit.launch.guard`).
+def horovod_rendezvous_classes() -> tuple[type, type]:
+    """``(RendezvousHTTPServer, RendezvousHandler)`` of Horovod 0.28.1."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    return RendezvousHTTPServer, RendezvousHandler
+
+
+# ``horovodrun --gloo`` (static, non-elastic) starts that server inside
+# ``horovod.runner.gloo_run.launch_gloo(command, exec_command, settings, nics,
+# env, server_ip)`` as ``RendezvousServer(settings.verbose)``, a module-level
+# name looked up at call time; only ``launch_gloo`` knows ``server_ip``, the
+# address the ranks are told to dial (127.0.0.1 when every host is local).
+# Replacing both names in this process makes horovodrun use
+# ``factory(server_ip, verbose)`` instead. Elastic mode is not covered.
+def use_horovodrun_rendezvous(factory) -> None:
+    """Make ``horovodrun --gloo`` run in this process use ``factory(server_ip, verbose)``."""
+    from horovod.runner import gloo_run
+
+    original = gloo_run.launch_gloo
+
+    def launch_gloo(command, exec_command, settings, nics, env, server_ip):
+        gloo_run.RendezvousServer = lambda verbose=0: factory(server_ip, verbose)
+        return original(command, exec_command, settings, nics, env, server_ip)
+
+    gloo_run.launch_gloo = launch_gloo
+
+
+# Keras 3 draws the random numbers of ``keras.random.*`` calls made without a
+# seed (and of ``keras.utils.set_random_seed``'s global generator) from one
+# global ``SeedGenerator``, created on first use and kept in Keras's private
+# global state (checked on 3.10-3.15). hvdkit's Checkpointer saves and
+# restores its state so a resumed job draws the same numbers; there is no
+# public accessor.
+def keras_global_seed_state(create: bool = False):
+    """The global SeedGenerator's state variable, or ``None`` if there is none yet."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    generator = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    if generator is None and create:
+        generator = seed_generator.global_seed_generator()
+    return None if generator is None else generator.state

@@ -136,6 +136,17 @@ def failing_rank(launcher_lines) -> tuple[int | None, str]:
     return None, ""
 
 
+def _addresses(names) -> list[str]:
+    """The IPv4 addresses ``names`` resolve to (the job's other machines)."""
+    found = set()
+    for name in names:
+        try:
+            found.update(socket.gethostbyname_ex(name)[2])
+        except OSError as exc:
+            raise LaunchError(f"cannot resolve host {name!r}: {exc}") from None
+    return sorted(found)
+
+
 def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -180,6 +191,12 @@ def run(argv: list[str] | None = None) -> int:
         str(args.start_timeout),
         *command,
     ]
+    if transport == "gloo":
+        # horovodrun's own rendezvous server would listen on every interface
+        # and answer anyone: run horovodrun with a guarded one (see guard.py).
+        remote = _addresses(h for h, _ in hosts if not _is_local(h))
+        guarded = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
+        cmd = [*guarded, *cmd[1:]]
 
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
     try:

@@ -1,0 +1,201 @@
+"""Horovod's Gloo rendezvous server, bound to one address and answering only the job.
+
+Horovod's Gloo ranks meet through an HTTP key-value store (PUT/GET/DELETE
+``/scope/key``). Horovod's own server listens on every interface and answers
+anyone, and its Gloo client cannot present a credential, so the guard is on
+the server side: :class:`GuardedRendezvous` is a drop-in replacement for
+``horovod.runner.http.http_server.RendezvousServer`` (same ``start``,
+``init``, ``stop``) that
+
+* binds the one address the job's ranks dial (loopback for a one-machine job);
+* serves only clients whose address is in its allowed set (the scheduler puts
+  there the addresses workers registered from with a valid token; hvdkitrun
+  the addresses of the job's hosts); others get ``403`` before a byte of their
+  request is read, and are logged;
+* bounds every request: path shape, value size (:data:`MAX_VALUE_BYTES`), a
+  read timeout per operation and an overall deadline per connection
+  (:data:`REQUEST_DEADLINE_S`, against slow-loris clients), and at most
+  :data:`MAX_CONNECTIONS` connections at once; a failing request is logged in
+  one line and never stops the server.
+
+Only the launcher imports this module (it imports Horovod's runner, never
+TensorFlow).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from .. import _compat
+
+log = logging.getLogger("hvdkit.rendezvous")
+_HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
+
+MAX_VALUE_BYTES = 1 << 20  # Gloo stores addresses and small blobs per rank
+MAX_CONNECTIONS = 64
+READ_TIMEOUT_S = 5.0  # per socket operation
+REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
+REFUSAL_LOG_INTERVAL_S = 10.0
+FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class GuardedHandler(_HorovodHandler):
+    """Horovod's rendezvous request handler behind an address check and size limits."""
+
+    timeout = READ_TIMEOUT_S
+
+    def setup(self):
+        super().setup()
+        self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _expire(self):
+        self.server.refuse(self.client_address[0], "too slow (request deadline passed)")
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self):
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def handle(self):
+        client = self.client_address[0]
+        if not self.server.admits(client):
+            self.server.refuse(client, "not a machine of this job (403)")
+            try:
+                self.wfile.write(FORBIDDEN)
+            except OSError:
+                pass
+            return
+        super().handle()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            self.server.refuse(self.client_address[0], "malformed HTTP request")
+            return False
+        if len(self.path.split("/")) != 3:
+            return self._reject(400, f"bad path {self.path[:80]!r}")
+        if self.command == "PUT":
+            raw = self.headers.get("Content-Length")
+            try:
+                length = int(raw)
+            except (TypeError, ValueError):
+                return self._reject(411, f"PUT without a valid Content-Length ({str(raw)[:40]!r})")
+            if not 0 <= length <= MAX_VALUE_BYTES:
+                return self._reject(413, f"PUT of {length} bytes")
+        return True
+
+    def _reject(self, status: int, why: str) -> bool:
+        self.server.refuse(self.client_address[0], why)
+        self.close_connection = True
+        self.send_status_code(status)
+        return False
+
+
+class GuardedHTTPServer(_HorovodHTTPServer):
+    """Horovod's threaded rendezvous HTTP server with an allowed set and a connection cap."""
+
+    daemon_threads = True  # no per-request thread list that grows without bound
+
+    def __init__(self, address: tuple[str, int], allowed: set[str], verbose: int = 0):
+        self.allowed = allowed
+        self.refusals: Counter[str] = Counter()
+        self._last_logged: dict[str, tuple[float, int]] = {}
+        self._log_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, GuardedHandler, verbose)
+
+    def admits(self, address: str) -> bool:
+        return address in self.allowed
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refuse(client_address[0], f"more than {MAX_CONNECTIONS} connections at once")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        self.refuse(client_address[0], f"error while serving: {type(exc).__name__}: {exc}"[:200])
+
+    def refuse(self, address: str, why: str) -> None:
+        """Count and log a refused request (each kind at most once per interval)."""
+        kind = why.split(" (")[0].split(":")[0]
+        with self._log_lock:
+            self.refusals[kind] += 1
+            now = time.monotonic()
+            last, count_then = self._last_logged.get(kind, (-1e9, 0))
+            if now - last < REFUSAL_LOG_INTERVAL_S:
+                return
+            suppressed = self.refusals[kind] - count_then - 1
+            self._last_logged[kind] = (now, self.refusals[kind])
+        more = f" ({suppressed} more like it since the last report)" if suppressed > 0 else ""
+        log.warning("rendezvous server refused a request from %s: %s%s", address, why, more)
+
+
+class GuardedRendezvous:
+    """Drop-in for Horovod's ``RendezvousServer``: one address, only the job's clients.
+
+    Example (what the scheduler does)::
+
+        server = GuardedRendezvous("10.0.0.1", allowed={"10.0.0.1", "10.0.0.2"})
+        port = server.start()
+        server.init(host_alloc_plan)   # Horovod SlotInfo list, as for RendezvousServer
+        ...
+        server.stop()
+    """
+
+    def __init__(self, bind_host: str, allowed: Iterable[str] = (), verbose: int = 0):
+        self.bind_host = bind_host
+        self.allowed = set(allowed)
+        self.verbose = verbose
+        self.httpd: GuardedHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def allow(self, *addresses: str) -> None:
+        self.allowed.update(addresses)
+
+    def start(self, handler_cls=None) -> int:
+        """Listen on ``bind_host`` (a free port); returns the port. ``handler_cls`` is ignored."""
+        self.httpd = GuardedHTTPServer((self.bind_host, 0), self.allowed, self.verbose)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="hvdkit-rendezvous", daemon=True
+        )
+        self._thread.start()
+        port = self.httpd.server_address[1]
+        log.info(
+            "rendezvous server on %s:%d for %s", self.bind_host, port, sorted(self.allowed) or "-"
+        )
+        return port
+
+    def init(self, host_alloc_plan) -> None:
+        self.httpd.init(host_alloc_plan)
+
+    def stop(self) -> None:
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self._thread.join(timeout=10)

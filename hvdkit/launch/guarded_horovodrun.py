@@ -1,0 +1,37 @@
+"""``horovodrun --gloo`` with a guarded rendezvous server (run by hvdkitrun).
+
+    python -m hvdkit.launch.guarded_horovodrun ADDR[,ADDR...] -- <horovodrun arguments>
+
+Runs Horovod's own ``horovodrun`` in this process, but its Gloo rendezvous
+server is a :class:`~hvdkit.launch.guard.GuardedRendezvous`: bound to the
+address horovodrun tells the ranks to dial (127.0.0.1 when every host is
+this machine) instead of every interface, and answering only the listed
+addresses and that one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import _compat
+from .guard import GuardedRendezvous
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] != "--":
+        print(__doc__, file=sys.stderr)
+        return 2
+    allowed = {a for a in argv[0].split(",") if a}
+
+    def factory(server_ip: str, verbose: int = 0) -> GuardedRendezvous:
+        return GuardedRendezvous(server_ip, allowed | {server_ip}, verbose)
+
+    _compat.use_horovodrun_rendezvous(factory)
+    from horovod.runner.launch import run_commandline
+
+    sys.argv = ["horovodrun", *argv[2:]]
+    return run_commandline()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
