@@ -84,6 +84,15 @@ class Channel:
         line longer than ``max_line`` comes back as ``b"\\x00too long"`` (not
         JSON) and its rest is skipped, so memory stays bounded.
         """
+        if deadline is None:
+            return self._read_line(None)
+        before = self.sock.gettimeout()
+        try:
+            return self._read_line(deadline)
+        finally:
+            self.sock.settimeout(before)
+
+    def _read_line(self, deadline: float | None) -> bytes | None:
         while True:
             newline = self._buf.find(b"\n")
             if newline >= 0:
@@ -262,6 +271,7 @@ class Admission:
         self._lock = threading.Lock()
         self._closed = False
         self.refused = 0
+        sock.settimeout(0.5)  # accept() wakes up to notice the socket was closed
         self._thread = threading.Thread(target=self._accept_loop, name="hvdkit-admit", daemon=True)
         self._thread.start()
 
