@@ -65,15 +65,26 @@ def check_gloo_hostname(rendezvous_host: str) -> None:
         )
 
 
-def in_xla_context() -> bool:
-    """True while tracing a function that XLA will compile.
+# Horovod 0.28.1 registers its TF ops for XLA only when built with
+# HOROVOD_ENABLE_XLA_OPS (hvdkit's build does not), so a collective inside
+# ``jit_compile=True`` fails deep in XLA with "No registered OpKernel". Keras 3
+# turns XLA on by default (``jit_compile="auto"``) whenever a GPU is visible.
+HOROVOD_XLA_LIMIT = "Horovod 0.28.1's collectives have no XLA kernels"
 
-    Horovod 0.28.1 registers its TF ops for XLA only when built with
-    HOROVOD_ENABLE_XLA_OPS; otherwise a collective inside ``jit_compile=True``
-    fails deep in XLA with "No registered OpKernel". Keras 3 turns XLA on by
-    default (``jit_compile="auto"``) whenever a GPU is visible, so we detect it
-    and raise a message that says what to change. Uses a private TF helper;
-    there is no public equivalent in TF 2.21.
+
+def refuse_jit_in_job(what: str, jit_compile: bool, size: int, fix: str) -> None:
+    """Refuse ``jit_compile=True`` for code that runs collectives in a job of several ranks."""
+    if jit_compile and size > 1:
+        raise ConfigurationError(
+            f"{what}: jit_compile=True in a job of {size} processes, but {HOROVOD_XLA_LIMIT} "
+            f"(Keras's jit_compile='auto' picks XLA when a GPU is visible). {fix}"
+        )
+
+
+def in_xla_context() -> bool:
+    """True while tracing a function that XLA will compile (see HOROVOD_XLA_LIMIT).
+
+    Uses a private TF helper; there is no public equivalent in TF 2.21.
     """
     import tensorflow as tf
 
@@ -91,8 +102,8 @@ def refuse_xla(what: str) -> None:
     """Raise a clear error if ``what`` is being traced for XLA compilation."""
     if in_xla_context():
         raise ConfigurationError(
-            f"{what} cannot run inside an XLA-compiled function: Horovod 0.28.1's "
-            "collectives have no XLA kernels. Compile the model with "
+            f"{what} cannot run inside an XLA-compiled function: {HOROVOD_XLA_LIMIT}. "
+            "Compile the model with "
             "`model.compile(..., jit_compile=False)` (Keras 3 enables XLA by "
             "default when a GPU is visible), or use `tf.function(jit_compile=False)`."
         )
@@ -168,6 +179,27 @@ def keras_compile_token(model) -> object:
     optimizer, loss or metrics) from an unchanged one.
     """
     return getattr(model, "_compile_config", None)
+
+
+def tf_variable(variable):
+    """The ``tf.Variable`` holding a ``keras.Variable``'s value (a ``tf.Variable`` as is).
+
+    Horovod's in-place broadcast (``broadcast_``) works on TensorFlow resource
+    variables only; Keras 3's TensorFlow-backend ``Variable`` is not one but
+    keeps one in ``_value`` (checked on Keras 3.10-3.15; there is no public
+    accessor), and assigning to it updates the Keras variable.
+    """
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "_value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise TypeError(
+        f"expected a tf.Variable or keras.Variable, got {type(variable).__name__}; in-place "
+        "broadcast needs variables (use broadcast() for tensors)."
+    )
 
 
 # --------------------------------------------------------------------------

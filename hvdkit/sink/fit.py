@@ -141,13 +141,12 @@ def train(
             "dataset.apply(tf.data.experimental.assert_cardinality(n))."
         )
     jit = bool(model.jit_compile)
-    if jit and runtime.size() > 1:
-        raise ConfigurationError(
-            f"train: the model is compiled with jit_compile=True in a job of "
-            f"{runtime.size()} processes, but Horovod 0.28.1's gradient allreduce has no "
-            "XLA kernels (Keras's jit_compile='auto' picks XLA when a GPU is visible). "
-            "Compile with model.compile(..., jit_compile=False)."
-        )
+    _compat.refuse_jit_in_job(
+        "train: the model is compiled with",
+        jit,
+        runtime.size(),
+        "Compile with model.compile(..., jit_compile=False).",
+    )
     loop = _keras_loop(model, steps, jit)
     loop.reset_counters()
     loop.first_epoch = int(fit_kwargs.get("initial_epoch", 0))

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import runtime
+from .. import _compat, runtime
 from ..errors import ConfigurationError, InputPipelineError
 
 # A sink that spent at least this fraction of its wall time, and at least
@@ -256,10 +256,7 @@ def resolve_jit(jit_compile: bool | None, what: str) -> bool:
         raise ConfigurationError(
             f"{what}: jit_compile={jit_compile!r} must be True, False or None."
         )
-    if jit_compile and runtime.size() > 1:
-        raise ConfigurationError(
-            f"{what}: jit_compile=True in a job of {runtime.size()} processes: the "
-            "gradient allreduce (Horovod 0.28.1) has no XLA kernels. Pass "
-            "jit_compile=False (or None)."
-        )
+    _compat.refuse_jit_in_job(
+        what, jit_compile, runtime.size(), "Pass jit_compile=False (or None)."
+    )
     return jit_compile
