@@ -34,10 +34,10 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from hvdkit.ops import slice_patches  # noqa: E402
+from hvdkit.ops import slice_patches
 
 SIDE, CHANNELS = 2048, 3
 OUT = Path(__file__).resolve().parents[1] / "bench_results" / "patches.json"

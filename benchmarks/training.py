@@ -70,7 +70,7 @@ def worker(variant: str, steps: int, warmup: int, out: str) -> None:
 
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
-        sync = lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum)  # noqa: E731
+        sync = lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum)
     elif variant == "mwms":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]

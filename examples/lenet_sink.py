@@ -26,13 +26,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import hvdkit  # noqa: E402  # hvdkit
-import hvdkit.data  # noqa: E402  # hvdkit
-from hvdkit import sink  # noqa: E402  # hvdkit
+import hvdkit  # hvdkit
+import hvdkit.data  # hvdkit
+from hvdkit import sink  # hvdkit
 
 
 def write_mnist_format(root: Path, train: int = 2048, test: int = 512, seed: int = 0) -> None:

@@ -18,11 +18,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import hvdkit  # noqa: E402
+import hvdkit
 
 GLOBAL_BATCH, STEPS = 32, 20
 

@@ -20,13 +20,13 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
 
-import hvdkit  # noqa: E402  # hvdkit
-import hvdkit.sink  # noqa: E402  # hvdkit
+import hvdkit  # hvdkit
+import hvdkit.sink  # hvdkit
 
 
 def main() -> int:

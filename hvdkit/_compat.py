@@ -18,8 +18,8 @@ from .errors import ConfigurationError, LaunchError
 # Keras 3 optimizer, but Keras 3's trainer calls ``optimizer.apply()``, a path
 # the Horovod wrapper does not intercept: gradients are silently NOT averaged
 # (Horovod issue #4290). hvdkit therefore never uses horovod.tensorflow.keras
-# and reduces gradients itself with horovod.tensorflow's collectives.
-HOROVOD_KERAS_FRONTEND_IS_BROKEN_ON_KERAS3 = True
+# and reduces gradients itself with horovod.tensorflow's collectives
+# (tests/multiproc/training_worker.py checks that the wrapper still fails).
 
 
 def require_keras3() -> None:

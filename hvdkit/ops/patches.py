@@ -331,7 +331,11 @@ def merge_patches(
     original_size: tuple[int, int] | None = None,
     data_format: str = "channels_last",
 ) -> tf.Tensor:
-    """Put the patches of :func:`slice_patches` back together (its exact inverse).
+    """Put the patches of :func:`slice_patches` back together.
+
+    The exact inverse of ``slice_patches(..., mode="pad")`` when
+    ``original_size`` is given. After ``mode="drop"`` the rows and columns
+    that slicing dropped are gone: the result is the cropped image.
 
     Args:
         patches: the ``num_height * num_width`` patches in row-major order, as

@@ -139,7 +139,7 @@ class SinkLoop:
             invariants = None
             if not self.return_all:
                 # Shapes may change between steps (a last, partial batch).
-                relax = lambda t: tf.TensorShape(  # noqa: E731
+                relax = lambda t: tf.TensorShape(
                     None if t.shape.rank is None else [None] * t.shape.rank
                 )
                 invariants = (tf.TensorShape([]), tf.nest.map_structure(relax, out), wait.shape)

@@ -108,7 +108,7 @@ for opt_name in ("sgd", "adam"):
 with c.check("horovod_own_keras_wrapper_does_not_average"):
     # Why hvdkit exists: the same fit through horovod.tensorflow.keras's wrapper
     # leaves each rank training alone. If Horovod fixes this, this check fails
-    # and _compat.HOROVOD_KERAS_FRONTEND_IS_BROKEN_ON_KERAS3 can be revisited.
+    # and the note at the top of hvdkit/_compat.py can be revisited.
     import horovod.tensorflow.keras as hvd_keras
 
     model = make_model()
