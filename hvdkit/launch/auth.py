@@ -136,14 +136,25 @@ class ReplayGuard:
     """Refuses replayed and stale heartbeats: ``(rank, session, sequence, time)``.
 
     Each sender picks a random session id when it starts and numbers its
-    datagrams from 0. A datagram is fresh if its sequence number is above the
-    highest seen in that session, and its send time is consistent: for a new
-    session within ``max_skew_s`` of this machine's clock (the machines' clocks
-    must agree that well), afterwards at most ``max_delay_s`` later than the
-    session's first datagram predicts. Remembers at most ``max_sessions``
-    sessions (oldest forgotten first); a forgotten session's datagrams then
-    have to pass the clock test again.
+    datagrams from 0. A datagram is fresh if its sequence number was not seen
+    in that session, within a sliding window of the last :attr:`WINDOW`
+    numbers (datagrams may arrive out of order; older ones are refused as
+    IPsec does), and its send time is consistent: for a new session within
+    ``max_skew_s`` of this machine's clock (the machines' clocks must agree
+    that well), afterwards at most ``max_delay_s`` later than the session's
+    fastest datagram predicts. Remembers at most ``max_sessions`` sessions
+    (oldest forgotten first); a forgotten session's datagrams then have to
+    pass the clock test again.
+
+        >>> guard = ReplayGuard(clock=lambda: 100.0)
+        >>> guard.check(0, "session-a", 0, 99.5)
+        >>> guard.check(0, "session-a", 0, 99.5)
+        Traceback (most recent call last):
+        ...
+        hvdkit.launch.auth.AuthError: replayed: sequence 0 of rank 0 already seen
     """
+
+    WINDOW = 64
 
     def __init__(
         self,
@@ -154,10 +165,13 @@ class ReplayGuard:
     ):
         self.max_skew_s, self.max_delay_s = max_skew_s, max_delay_s
         self.max_sessions, self.clock = max_sessions, clock
-        self._sessions: OrderedDict[tuple[int, str], tuple[int, float]] = OrderedDict()
+        # (rank, session) -> (highest sequence, sequences seen in the window, fastest lag)
+        self._sessions: OrderedDict[tuple[int, str], tuple[int, set[int], float]] = OrderedDict()
 
     def check(self, rank: int, session: str, seq: int, sent_at: float) -> None:
         """Accept the datagram (and remember it) or raise :class:`AuthError`."""
+        if seq < 0:
+            raise AuthError(f"malformed: sequence {seq}")
         lag = self.clock() - sent_at  # transit time plus the clocks' difference
         key = (rank, session)
         known = self._sessions.get(key)
@@ -167,14 +181,17 @@ class ReplayGuard:
                     f"stale: sent {lag:+.0f} s from now (more than {self.max_skew_s:g} s; "
                     "replayed, or the machines' clocks disagree)"
                 )
-            offset = lag
+            top, seen, offset = seq, set(), lag
         else:
-            last_seq, offset = known
-            if seq <= last_seq:
+            top, seen, offset = known
+            if seq in seen or seq <= top - self.WINDOW:
                 raise AuthError(f"replayed: sequence {seq} of rank {rank} already seen")
             if lag - offset > self.max_delay_s:
                 raise AuthError(f"stale: arrived {lag - offset:.0f} s late")
-        self._sessions[key] = (seq, min(offset, lag))  # the fastest transit seen
+        top = max(top, seq)
+        seen = {s for s in seen if s > top - self.WINDOW}
+        seen.add(seq)
+        self._sessions[key] = (top, seen, min(offset, lag))  # the fastest transit seen
         self._sessions.move_to_end(key)
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)

@@ -45,6 +45,27 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
+class _ExactBody:
+    """A request body reader that refuses a body shorter than announced.
+
+    Horovod's PUT handler stores whatever ``rfile.read(length)`` returns; a
+    client that closes early would leave a truncated value. A short read
+    raises the timeout that handler already answers with 408, storing nothing.
+    """
+
+    def __init__(self, rfile):
+        self._rfile = rfile
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._rfile.read(n)
+        if n >= 0 and len(data) != n:
+            raise TimeoutError(f"request body ended after {len(data)} of {n} bytes")
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._rfile, name)
+
+
 class GuardedHandler(_HorovodHandler):
     """Horovod's rendezvous request handler behind an address check and size limits."""
 
@@ -95,6 +116,7 @@ class GuardedHandler(_HorovodHandler):
                 return self._reject(411, f"PUT without a valid Content-Length ({str(raw)[:40]!r})")
             if not 0 <= length <= MAX_VALUE_BYTES:
                 return self._reject(413, f"PUT of {length} bytes")
+            self.rfile = _ExactBody(self.rfile)
         return True
 
     def _reject(self, status: int, why: str) -> bool:
@@ -108,6 +130,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
     """Horovod's threaded rendezvous HTTP server with an allowed set and a connection cap."""
 
     daemon_threads = True  # no per-request thread list that grows without bound
+    request_queue_size = 128  # listen backlog: a burst is accepted (and judged), not dropped
 
     def __init__(self, address: tuple[str, int], allowed: set[str], verbose: int = 0):
         self.allowed = allowed

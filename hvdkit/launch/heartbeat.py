@@ -59,6 +59,30 @@ def horovod_stall_env(stall_s: float) -> dict[str, str]:
     }
 
 
+class Beats:
+    """The datagrams of one sender: signed bodies with a session id and rising sequence.
+
+    >>> beats = Beats("job-token", rank=0)
+    >>> b"job-token" in beats.next()
+    False
+    """
+
+    def __init__(self, token: str, rank: int, status: Callable[[], dict] | None = None):
+        self._key = auth.derive_key(token, auth.HEARTBEAT)
+        self._fixed = {"r": rank, "p": os.getpid(), "h": socket.gethostname()}
+        self._fixed["n"] = auth.new_nonce()  # this process's session
+        self._seq = itertools.count()
+        self._status = status
+        self._lock = threading.Lock()
+
+    def next(self, **extra) -> bytes:
+        """The next datagram; ``extra`` fields (e.g. ``bye=True``) are added to its body."""
+        body = {**(self._status() if self._status else {}), **self._fixed, **extra}
+        with self._lock:  # the beat thread and the exit handler both send
+            body.update(s=next(self._seq), t=time.time())
+        return auth.seal(self._key, body)
+
+
 def start_sender(
     host: str, port: int, token: str, rank: int, status: Callable[[], dict] | None = None
 ) -> threading.Thread:
@@ -80,17 +104,13 @@ def start_sender(
             "authenticated. Start the program with hvdkitrun (which sets both), or unset "
             "HVDKIT_MONITOR_ADDR."
         )
-    key = auth.derive_key(token, auth.HEARTBEAT)
-    fixed = {"r": rank, "p": os.getpid(), "h": socket.gethostname(), "n": auth.new_nonce()}
-    seq = itertools.count()
+    beats = Beats(token, rank, status)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send(**extra):
         try:
-            body = {**(status() if status else {}), **fixed, **extra}
-            body.update(s=next(seq), t=time.time())
-            sock.sendto(auth.seal(key, body), (host, port))
-        except Exception:  # noqa: BLE001 - the launcher may be gone; a beat must never raise
+            sock.sendto(beats.next(**extra), (host, port))
+        except Exception:
             pass
 
     def loop():
@@ -159,7 +179,7 @@ class HeartbeatMonitor:
                 self.accept(data)
             except auth.AuthError as exc:
                 self._refuse(addr, str(exc))
-            except Exception as exc:  # noqa: BLE001 - no datagram may stop the monitor
+            except Exception as exc:
                 self._refuse(addr, f"malformed: {type(exc).__name__}")
 
     def accept(self, data: bytes) -> int:

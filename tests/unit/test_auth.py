@@ -1,0 +1,606 @@
+"""The launcher's message authentication, in one process (no launcher, no TensorFlow).
+
+Keys, MACs, replay and staleness rules; the registration handshake and signed
+channels over socket pairs; heartbeats; the guarded rendezvous server. Every
+byte a sender writes is captured and searched for the token. Every loop is
+bounded in count, every wait in time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from hvdkit.launch import auth, heartbeat, protocol
+
+TOKEN = "0123456789abcdef-job-token"
+WRONG = "0123456789abcdef-not-the-token"
+
+
+class Recorder:
+    """A socket wrapper that keeps every byte written through it."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self.written = bytearray()
+
+    def sendall(self, data: bytes) -> None:
+        self.written += data
+        self._sock.sendall(data)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def assert_no_token(data: bytes) -> None:
+    assert TOKEN.encode() not in data
+    assert TOKEN.encode().hex().encode() not in data
+
+
+# ---------------------------------------------------------------- keys and MACs
+def test_keys_differ_per_purpose_and_from_the_token():
+    purposes = [
+        auth.REGISTER,
+        auth.SCHEDULER_TO_WORKER,
+        auth.WORKER_TO_SCHEDULER,
+        auth.HEARTBEAT,
+    ]
+    keys = [auth.derive_key(TOKEN, p) for p in purposes]
+    assert len(set(keys)) == 4 and all(len(k) == 32 for k in keys)
+    assert all(TOKEN.encode() not in k for k in keys)
+    assert auth.derive_key(TOKEN, auth.HEARTBEAT) == keys[3]  # deterministic
+    assert auth.derive_key(WRONG, auth.HEARTBEAT) != keys[3]
+    with pytest.raises(auth.AuthError, match="empty job token"):
+        auth.derive_key("", auth.HEARTBEAT)
+
+
+def test_mac_verify_and_framing():
+    key = auth.derive_key(TOKEN, auth.REGISTER)
+    sig = auth.mac(key, "nonce", "body")
+    assert len(sig) == 64 and auth.verify(key, sig, "nonce", "body")
+    assert not auth.verify(key, sig, "nonce", "bodY")
+    assert not auth.verify(auth.derive_key(WRONG, auth.REGISTER), sig, "nonce", "body")
+    # length-prefixed parts: moving a byte between parts changes the MAC
+    assert auth.mac(key, "ab", "c") != auth.mac(key, "a", "bc")
+    assert auth.mac(key, 12) == auth.mac(key, "12")
+    for bad in (None, 5, sig[:-1], sig + "0", "é" * 64, sig.upper() if sig.upper() != sig else 1):
+        assert not auth.verify(key, bad, "nonce", "body")
+
+
+def test_seal_and_unseal():
+    key = auth.derive_key(TOKEN, auth.HEARTBEAT)
+    data = auth.seal(key, {"r": 1, "x": [1, 2]}, "ctx")
+    assert_no_token(data)
+    assert auth.unseal(key, data, "ctx") == {"r": 1, "x": [1, 2]}
+    with pytest.raises(auth.AuthError, match="forged"):
+        auth.unseal(key, data, "other-ctx")
+    with pytest.raises(auth.AuthError, match="forged"):
+        auth.unseal(auth.derive_key(WRONG, auth.HEARTBEAT), data, "ctx")
+    env = json.loads(data)
+    env["b"] = env["b"].replace('"r":1', '"r":0')
+    with pytest.raises(auth.AuthError, match="forged"):
+        auth.unseal(key, json.dumps(env).encode(), "ctx")
+    for garbage in (b"", b"\xff\xfe", b"[1,2]", b'{"b": 3}', data[:-5]):
+        with pytest.raises(auth.AuthError, match="malformed"):
+            auth.unseal(key, garbage, "ctx")
+
+
+class FakeClock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def test_replay_guard_sequence_window_and_time():
+    clock = FakeClock()
+    guard = auth.ReplayGuard(max_skew_s=300, max_delay_s=30, clock=clock)
+    guard.check(0, "s1", 0, 999.9)
+    guard.check(0, "s1", 1, 999.9)
+    with pytest.raises(auth.AuthError, match="replayed: sequence 1 of rank 0"):
+        guard.check(0, "s1", 1, 999.9)
+    guard.check(0, "s1", 5, 999.9)
+    guard.check(0, "s1", 3, 999.9)  # late but unseen: accepted (UDP may reorder)
+    with pytest.raises(auth.AuthError, match="replayed"):
+        guard.check(0, "s1", 3, 999.9)
+    guard.check(0, "s1", 200, 999.9)
+    with pytest.raises(auth.AuthError, match="replayed"):  # below the window: refused
+        guard.check(0, "s1", 200 - auth.ReplayGuard.WINDOW, 999.9)
+    # same numbers in another session or for another rank are different datagrams
+    guard.check(0, "s2", 1, 999.9)
+    guard.check(1, "s1", 1, 999.9)
+    # a datagram held back and delivered late is stale
+    clock.now = 1100.0
+    with pytest.raises(auth.AuthError, match="stale: arrived 100 s late"):
+        guard.check(0, "s1", 201, 1000.0)
+    guard.check(0, "s1", 202, 1099.5)
+    # a new session must be close to our clock
+    with pytest.raises(auth.AuthError, match="stale: sent \\+400 s from now"):
+        guard.check(2, "s3", 0, 700.0)
+    with pytest.raises(auth.AuthError, match="malformed"):
+        guard.check(2, "s3", -1, 1100.0)
+
+
+def test_replay_guard_constant_clock_offset_is_fine_and_memory_is_bounded():
+    clock = FakeClock()
+    guard = auth.ReplayGuard(max_skew_s=300, max_delay_s=30, max_sessions=3, clock=clock)
+    for i in range(50):  # a sender whose clock is 200 s behind ours, steadily
+        clock.now = 1000.0 + i
+        guard.check(0, "slow-clock", i, 800.0 + i)
+    for s in ("a", "b", "c"):
+        guard.check(1, s, 0, clock.now)
+    assert len(guard._sessions) == 3 and (0, "slow-clock") not in guard._sessions
+    # a forgotten session replayed much later fails the clock test
+    clock.now += 1000
+    with pytest.raises(auth.AuthError, match="stale"):
+        guard.check(0, "slow-clock", 10, 810.0)
+
+
+# ---------------------------------------------------------------- the handshake
+def handshake(timeout=10.0):
+    """Run admit() and register() over a socket pair; both channels and what each wrote."""
+    a, b = socket.socketpair()
+    sched_sock, worker_sock = Recorder(a), Recorder(b)
+    result = {}
+
+    def sched():
+        result["sched"] = protocol.admit(sched_sock, TOKEN, time.monotonic() + timeout)
+
+    t = threading.Thread(target=sched)
+    t.start()
+    worker = protocol.Channel(worker_sock)
+    protocol.register(worker, TOKEN, time.monotonic() + timeout, hostname="h", pid=7)
+    t.join(timeout)
+    assert not t.is_alive()
+    sched, hello = result["sched"]
+    return sched, hello, worker, sched_sock, worker_sock
+
+
+def test_registration_proves_the_token_without_sending_it():
+    sched, hello, worker, s_sock, w_sock = handshake()
+    assert hello["type"] == "register" and hello["pid"] == 7 and auth.is_nonce(hello["nonce"])
+    sched.send(type="assign", rank=1, size=2)
+    assert worker.recv(time.monotonic() + 5) == {"type": "assign", "rank": 1, "size": 2}
+    worker.send(type="exit", code=0)
+    assert sched.recv(time.monotonic() + 5) == {"type": "exit", "code": 0}
+    assert_no_token(bytes(s_sock.written))
+    assert_no_token(bytes(w_sock.written))
+    assert b"assign" in s_sock.written and b"register" in w_sock.written
+
+
+def handshake_and_first(send_first):
+    """Handshake, then the scheduler sends ``send_first(channel)`` before the worker reads."""
+    a, b = socket.socketpair()
+    out = {}
+
+    def sched():
+        ch, _ = protocol.admit(a, TOKEN, time.monotonic() + 10)
+        out["ch"] = ch
+        send_first(ch)
+
+    t = threading.Thread(target=sched)
+    t.start()
+    worker = protocol.Channel(b)
+    protocol.register(worker, TOKEN, time.monotonic() + 10, hostname="h", pid=1)
+    t.join(10)
+    return out["ch"], worker
+
+
+def test_wrong_token_is_refused_on_both_sides():
+    a, b = socket.socketpair()
+    result = {}
+
+    def sched():
+        try:
+            protocol.admit(a, TOKEN, time.monotonic() + 10)
+        except protocol.Refused as exc:
+            result["sched"] = str(exc)
+
+    t = threading.Thread(target=sched)
+    t.start()
+    worker = protocol.Channel(Recorder(b))
+    protocol.register(worker, WRONG, time.monotonic() + 10, hostname="h", pid=1)
+    reply = worker.recv(time.monotonic() + 10)
+    t.join(10)
+    assert result["sched"] == "bad job token"
+    assert reply == {"type": "refused", "reason": "bad job token"}
+    assert WRONG.encode() not in worker.sock.written
+
+
+def test_a_worker_sending_the_token_in_clear_is_refused():
+    """The old message format (token inside) is not accepted any more."""
+    a, b = socket.socketpair()
+    result = {}
+
+    def sched():
+        try:
+            protocol.admit(a, TOKEN, time.monotonic() + 10)
+        except protocol.Refused as exc:
+            result["sched"] = str(exc)
+
+    t = threading.Thread(target=sched)
+    t.start()
+    old = protocol.Channel(b)
+    assert old.recv(time.monotonic() + 10)["type"] == "challenge"
+    old.send(type="register", token=TOKEN, hostname="h", pid=1)
+    reply = old.recv(time.monotonic() + 10)
+    t.join(10)
+    assert result["sched"].startswith("bad job token (this worker's hvdkit sends the token")
+    assert reply["type"] == "refused"
+
+
+def test_a_captured_registration_replayed_on_a_new_connection_is_refused():
+    # Capture a genuine worker's registration line.
+    *_, w_sock = handshake()
+    captured = bytes(w_sock.written).split(b"\n")[0]
+    assert captured.startswith(b'{"b"')
+    # Replay it to a fresh challenge.
+    a, b = socket.socketpair()
+    result = {}
+
+    def sched():
+        try:
+            result["sched"] = protocol.admit(a, TOKEN, time.monotonic() + 10)
+        except protocol.Refused as exc:
+            result["sched"] = str(exc)
+
+    t = threading.Thread(target=sched)
+    t.start()
+    attacker = protocol.Channel(b)
+    assert attacker.recv(time.monotonic() + 10)["type"] == "challenge"
+    attacker.send_raw(captured)
+    reply = attacker.recv(time.monotonic() + 10)
+    t.join(10)
+    assert result["sched"] == "bad job token"
+    assert reply == {"type": "refused", "reason": "bad job token"}
+
+
+def test_secured_channel_drops_forged_replayed_and_unsigned_messages():
+    def forge(ch):
+        ch.send(type="assign", rank=0)  # genuine, sequence 0
+        bad_key = auth.derive_key(WRONG, auth.SCHEDULER_TO_WORKER)
+        _, _, session = ch._keys
+        body = json.dumps({"type": "abort", "reason": "forged"})
+        forged = {"b": body, "n": 1, "m": auth.mac(bad_key, session, 1, body)}
+        ch.send_raw(json.dumps(forged).encode())
+        ch.send_raw(json.dumps({"type": "abort", "reason": "unsigned"}).encode())
+        ch.send_raw(json.dumps({"type": "refused", "reason": "late refusal"}).encode())
+        ch.send_raw(b"\x00\x01garbage")
+        ch.send(type="abort", reason="genuine")  # sequence 1
+
+    sched, worker = handshake_and_first(forge)
+    deadline = time.monotonic() + 10
+    assert worker.recv(deadline) == {"type": "assign", "rank": 0}
+    assert worker.recv(deadline) == {"type": "abort", "reason": "genuine"}
+    assert worker.dropped == 4
+
+
+def test_a_replayed_genuine_line_is_dropped():
+    a, b = socket.socketpair()
+    rec = Recorder(a)
+    out = {}
+
+    def sched():
+        ch, _ = protocol.admit(rec, TOKEN, time.monotonic() + 10)
+        ch.send(type="assign", rank=3)
+        out["ch"] = ch
+
+    t = threading.Thread(target=sched)
+    t.start()
+    worker = protocol.Channel(b)
+    protocol.register(worker, TOKEN, time.monotonic() + 10, hostname="h", pid=1)
+    t.join(10)
+    assert worker.recv(time.monotonic() + 10) == {"type": "assign", "rank": 3}
+    assign_line = bytes(rec.written).strip().split(b"\n")[-1]
+    a.sendall(assign_line + b"\n")  # the same bytes again
+    out["ch"].send(type="done", code=0)
+    assert worker.recv(time.monotonic() + 10) == {"type": "done", "code": 0}
+    assert worker.dropped == 1
+
+
+def test_too_many_forged_lines_end_the_connection():
+    def flood(ch):
+        for _ in range(protocol.MAX_DROPPED):
+            ch.send_raw(b'{"b": "{}", "n": 0, "m": "00"}')
+
+    _, worker = handshake_and_first(flood)
+    assert worker.recv(time.monotonic() + 10) is None
+    assert worker.dropped == protocol.MAX_DROPPED
+
+
+def test_oversized_line_is_bounded_and_refused():
+    a, b = socket.socketpair()
+    ch = protocol.Channel(a, max_line=1000)
+    sent = {"n": 0}
+
+    def blast():
+        try:
+            for _ in range(100):  # 100 x 10 kB, no newline until the end
+                b.sendall(b"x" * 10_000)
+                sent["n"] += 10_000
+            b.sendall(b"\n" + b'{"type": "after"}\n')
+        except OSError:
+            pass
+
+    t = threading.Thread(target=blast)
+    t.start()
+    deadline = time.monotonic() + 30
+    assert ch.recv(deadline)["type"] == "garbage"  # the long line, reported once
+    assert len(ch._buf) <= 1000 + 65536
+    assert ch.recv(deadline) == {"type": "after"}  # its rest skipped, the stream goes on
+    t.join(30)
+
+
+def test_slow_loris_registration_hits_the_deadline():
+    a, b = socket.socketpair()
+    result = {}
+
+    def sched():
+        t0 = time.monotonic()
+        try:
+            protocol.admit(a, TOKEN, time.monotonic() + 1.0)
+        except TimeoutError:
+            result["timeout_after"] = time.monotonic() - t0
+
+    t = threading.Thread(target=sched)
+    t.start()
+    b.recv(4096)  # the challenge
+    sent = 0
+    for _ in range(200):  # one byte every 0.05 s: each read is quick, the whole is not
+        if not t.is_alive():
+            break
+        try:
+            b.sendall(b"{")
+        except OSError:
+            break
+        sent += 1
+        time.sleep(0.05)
+    t.join(30)
+    assert "timeout_after" in result, "the handshake did not give up on a slow client"
+    assert sent < 200  # it gave up before the client stopped on its own
+
+
+def test_admission_serves_real_workers_while_hostile_clients_hold_connections():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    admission = protocol.Admission(listener, TOKEN, timeout_s=2.0)
+    hostile = []
+    try:
+        # idle and slow clients, garbage, a wrong token: none may hold up the real one
+        for _ in range(protocol.MAX_PENDING // 2):
+            hostile.append(socket.create_connection(("127.0.0.1", port)))
+        junk = socket.create_connection(("127.0.0.1", port))
+        junk.sendall(b"GET / HTTP/1.0\r\n\r\n\x00\xff" * 10 + b"\n")
+        wrong = protocol.Channel(socket.create_connection(("127.0.0.1", port)))
+        protocol.register(wrong, WRONG, time.monotonic() + 10, hostname="x", pid=1)
+        assert wrong.recv(time.monotonic() + 10)["reason"] == "bad job token"
+        real = protocol.Channel(socket.create_connection(("127.0.0.1", port)))
+        protocol.register(real, TOKEN, time.monotonic() + 10, hostname="real", pid=42)
+        got = admission.next(10)
+        assert got is not None and got[1]["hostname"] == "real" and got[1]["pid"] == 42
+        got[0].send(type="assign", rank=0)
+        assert real.recv(time.monotonic() + 10) == {"type": "assign", "rank": 0}
+        # the idle clients are dropped after the handshake timeout
+        for s in hostile:
+            s.settimeout(30)
+            assert s.recv(4096).startswith(b'{"type":"challenge"')
+            assert s.recv(4096) == b""
+        assert admission.refused >= 2 + len(hostile)
+        # a registered worker that nobody takes is told when admission closes
+        late = protocol.Channel(socket.create_connection(("127.0.0.1", port)))
+        protocol.register(late, TOKEN, time.monotonic() + 10, hostname="late", pid=2)
+        deadline = time.monotonic() + 10
+        while admission._ready.qsize() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        admission.close()
+        assert late.recv(time.monotonic() + 10)["type"] == "abort"
+    finally:
+        listener.close()
+        for s in hostile:
+            s.close()
+
+
+# ---------------------------------------------------------------- heartbeats
+def test_heartbeat_datagrams_never_contain_the_token():
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(10)
+    heartbeat.start_sender("127.0.0.1", receiver.getsockname()[1], TOKEN, 3)
+    key = auth.derive_key(TOKEN, auth.HEARTBEAT)
+    bodies = []
+    for _ in range(2):
+        data, _ = receiver.recvfrom(65536)
+        assert_no_token(data)
+        bodies.append(auth.unseal(key, data))
+    receiver.close()
+    assert [b["r"] for b in bodies] == [3, 3]
+    assert bodies[1]["s"] == bodies[0]["s"] + 1 and bodies[0]["n"] == bodies[1]["n"]
+    assert set(bodies[0]) >= {"r", "p", "h", "n", "s", "t"}
+
+
+def test_heartbeat_status_fields_are_carried():
+    beats = heartbeat.Beats(TOKEN, 0, status=lambda: {"collective": "allreduce.w0"})
+    body = auth.unseal(auth.derive_key(TOKEN, auth.HEARTBEAT), beats.next(bye=True))
+    assert body["collective"] == "allreduce.w0" and body["bye"] is True and body["s"] == 0
+
+
+def wait_for(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_monitor_refuses_bad_datagrams_and_keeps_serving():
+    monitor = heartbeat.HeartbeatMonitor(TOKEN)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dest = ("127.0.0.1", monitor.port)
+    try:
+        genuine = heartbeat.Beats(TOKEN, 0)
+        first = genuine.next()
+        s.sendto(first, dest)
+        assert wait_for(lambda: monitor.ranks.get(0) and monitor.ranks[0].beats == 1)
+        bad = [
+            first,  # replayed
+            b"\x00" * 100,  # garbage
+            first[: len(first) // 2],  # truncated
+            b"{" * 5000,  # oversized (cut at 4096 bytes)
+            heartbeat.Beats(WRONG, 1).next(),  # wrong token
+            auth.seal(auth.derive_key(TOKEN, auth.REGISTER), {"r": 1}),  # another purpose's key
+            json.dumps({"t": TOKEN, "r": 1, "p": 1, "h": "x"}).encode(),  # the old clear format
+        ]
+        for i in range(20):  # a burst, in rounds the socket buffer holds (UDP may drop)
+            for data in bad:
+                s.sendto(data, dest)
+            done = (i + 1) * len(bad)
+            assert wait_for(lambda done=done: sum(monitor.refused.values()) == done)
+        assert monitor.refused["replayed"] == 20
+        assert monitor.refused["forged"] == 40
+        assert monitor.refused["malformed"] == 80
+        assert list(monitor.ranks) == [0] and monitor.ranks[0].beats == 1
+        s.sendto(genuine.next(), dest)  # still listening
+        assert wait_for(lambda: monitor.ranks[0].beats == 2)
+    finally:
+        s.close()
+        monitor.close()
+
+
+def test_monitor_logs_refusals_rate_limited(caplog):
+    monitor = heartbeat.HeartbeatMonitor(TOKEN)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with caplog.at_level("WARNING", logger="hvdkit.heartbeat"):
+            for _ in range(50):
+                s.sendto(b"junk", ("127.0.0.1", monitor.port))
+            assert wait_for(lambda: monitor.refused["malformed"] == 50)
+        lines = [r.getMessage() for r in caplog.records if "refused a heartbeat" in r.message]
+        assert len(lines) == 1 and "malformed: not JSON" in lines[0]
+    finally:
+        s.close()
+        monitor.close()
+
+
+def test_stale_heartbeat_is_refused():
+    monitor = heartbeat.HeartbeatMonitor(TOKEN)
+    try:
+        key = auth.derive_key(TOKEN, auth.HEARTBEAT)
+        body = {"r": 0, "p": 1, "h": "x", "n": auth.new_nonce(), "s": 0, "t": time.time() - 3600}
+        with pytest.raises(auth.AuthError, match="stale"):
+            monitor.accept(auth.seal(key, body))
+        assert monitor.ranks == {}
+    finally:
+        monitor.close()
+
+
+def test_sender_without_token_is_a_clear_error():
+    from hvdkit.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="HVDKIT_JOB_TOKEN is not"):
+        heartbeat.start_sender("127.0.0.1", 9, "", 0)
+
+
+# ---------------------------------------------------------------- the rendezvous guard
+@pytest.fixture
+def guarded():
+    from hvdkit.launch.guard import GuardedRendezvous
+
+    servers = []
+
+    def make(allowed):
+        server = GuardedRendezvous("127.0.0.1", allowed)
+        servers.append((server, server.start()))
+        return servers[-1]
+
+    yield make
+    for server, _ in servers:
+        server.stop()
+
+
+def request(port, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_rendezvous_refuses_clients_not_of_the_job(guarded, caplog):
+    server, port = guarded({"127.0.0.2"})  # the job's machine is not us
+    with caplog.at_level("WARNING", logger="hvdkit.rendezvous"):
+        assert request(port, "PUT", "/global/0", body=b"evil")[0] == 403
+        assert request(port, "GET", "/global/0")[0] == 403
+    assert server.httpd.cache == {}
+    assert server.httpd.refusals["not a machine of this job"] == 2
+    assert "refused a request from 127.0.0.1: not a machine of this job" in caplog.text
+
+
+def test_rendezvous_serves_the_job_and_survives_bad_requests(guarded):
+    from hvdkit.launch import guard
+
+    server, port = guarded({"127.0.0.1"})
+    assert request(port, "PUT", "/global/0", body=b"addr0")[0] == 200
+    assert request(port, "GET", "/global/0") == (200, b"addr0")
+    bad = [
+        b"\x00\xff\xfe garbage\r\n\r\n",
+        b"GET /a/b/c/d HTTP/1.0\r\n\r\n",  # Horovod's handler would crash on this path
+        b"PUT /global/1 HTTP/1.0\r\nContent-Length: lots\r\n\r\n",
+        b"PUT /global/1 HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % (guard.MAX_VALUE_BYTES + 1),
+        b"PUT /global/1 HTTP/1.0\r\nContent-Length: 100\r\n\r\nshort",  # truncated
+        b"GET /" + b"a" * 70000 + b" HTTP/1.0\r\n\r\n",  # over-long request line
+        b"POST /global/0 HTTP/1.0\r\n\r\n",
+    ]
+    statuses = []
+    for raw in bad:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            try:
+                s.sendall(raw)
+                s.shutdown(socket.SHUT_WR)
+                statuses.append(s.recv(100).split(b" ")[1:2])
+            except OSError:
+                statuses.append([b"reset"])
+    assert statuses[1:5] == [[b"400"], [b"411"], [b"413"], [b"408"]], statuses
+    assert statuses[6] == [b"501"], statuses
+    assert request(port, "GET", "/global/0") == (200, b"addr0")  # still serving
+    assert server.httpd.cache == {"global": {"0": b"addr0"}}  # nothing truncated stored
+
+
+def test_rendezvous_bounds_slow_and_many_connections(guarded, monkeypatch):
+    from hvdkit.launch import guard
+
+    monkeypatch.setattr(guard, "REQUEST_DEADLINE_S", 1.0)
+    server, port = guarded({"127.0.0.1"})
+    # slow loris: one header byte every 0.1 s, never finishing the request
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    closed = False
+    s.sendall(b"GET /global/0 HTTP/1.0\r\n")
+    for _ in range(300):
+        try:
+            s.sendall(b"X")
+        except OSError:
+            closed = True
+            break
+        time.sleep(0.1)
+    s.close()
+    assert closed, "a slow client kept its connection for 30 s"
+    assert server.httpd.refusals["too slow"] >= 1
+    # more connections than the cap: the surplus is closed at once, then service resumes
+    monkeypatch.setattr(guard, "REQUEST_DEADLINE_S", 120.0)
+    monkeypatch.setattr(guard.GuardedHandler, "timeout", 120.0)
+    cap = f"more than {guard.MAX_CONNECTIONS} connections at once"
+    held = []
+    try:
+        for _ in range(guard.MAX_CONNECTIONS + 8):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        assert wait_for(lambda: server.httpd.refusals[cap] >= 8, 30), server.httpd.refusals
+    finally:
+        for h in held:
+            h.close()
+    assert wait_for(lambda: request(port, "GET", "/global/none")[0] == 404, 30)
