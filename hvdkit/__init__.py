@@ -58,6 +58,7 @@ _EXPORTS = {
     "reduce_gradients": "optimizer",
     "Compression": "compression",
     "callbacks": "callbacks",
+    "Checkpointer": "checkpoint",
     # data, patch ops, sink mode
     "data": "data",
     "ops": "ops",
@@ -128,6 +129,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
     from . import callbacks, data, ops, sink  # noqa: F401
+    from .checkpoint import Checkpointer  # noqa: F401
     from .collectives import (  # noqa: F401
         Average,
         Max,

@@ -4,7 +4,30 @@ A sampler turns :func:`~hvdkit.data.shard_indices` into a loop: it knows the
 epoch (so the shuffle changes every epoch) and how many samples of this
 epoch's shard were consumed, and builds the ``tf.data.Dataset`` of what is
 left. Its ``state_dict()`` is a small JSON-friendly dict; saved next to the
-model checkpoint, it lets a restarted job continue at the same sample.
+model checkpoint (:class:`hvdkit.Checkpointer` does it), it lets a restarted
+job continue at the same sample.
+
+The saved position is global: the *cursor*, how many samples of the epoch's
+list (``0..N-1`` or its ``(seed, epoch)`` permutation) the whole job has
+read. Rank ``r`` of ``S`` reads list positions ``r, r + S, r + 2S, ...``, so
+after every rank read ``p`` samples the job has read positions ``0 .. p*S-1``
+and nothing else. A job restarted on ``S'`` ranks shards positions
+``cursor .. N-1`` over its ``S'`` ranks (:func:`shard_indices` with
+``start=cursor``): every sample of the epoch is read exactly once, whatever
+``S`` and ``S'`` are. With 10 samples, 3 ranks that read 2 each (cursor 6),
+then 2 ranks::
+
+    list position   0 1 2 3 4 5 | 6 7 8 9
+    S=3, read       0 1 2 0 1 2 |             (rank that read it)
+    S'=2, to read               | 0 1 0 1
+
+Padding and dropping apply to the rest of the list after a change of size:
+pad mode gives every rank ``ceil(R/S')`` samples of the ``R = N - cursor``
+left, the missing ones taken from the start of the epoch's list (samples
+already read this epoch: ``ceil(R/S')*S' - R`` repeats, where an
+uninterrupted run would have repeated ``ceil(N/S)*S - N``); drop mode skips
+the last ``R % S'`` (where an uninterrupted run skips the last ``N % S``).
+With ``S' = S`` both are exactly the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -17,10 +40,18 @@ import tensorflow as tf
 
 from ..errors import ConfigurationError, ShardingError
 from . import _pipeline
-from .sharding import check_int, check_shard_args, resolve_shards, shard_indices, shard_length
+from .sharding import (
+    check_int,
+    check_shard_args,
+    check_start,
+    resolve_shards,
+    shard_indices,
+    shard_length,
+)
 
 __all__ = ["ShardSampler", "ShardPositionCallback"]
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+_STATE_KEYS = ("version", "epoch", "position", "num_samples", "num_shards", "shuffle", "seed")
 
 
 class ShardSampler:
@@ -30,7 +61,8 @@ class ShardSampler:
     shard already consumed). :meth:`dataset` builds the ``tf.data.Dataset``
     of the rest of the current epoch; :meth:`state_dict` and
     :meth:`load_state_dict` save and restore the position, so that a
-    restarted job neither repeats nor skips a sample.
+    restarted job neither repeats nor skips a sample, also on another
+    number of ranks (see :attr:`cursor`).
 
     Args:
         num_samples: Dataset length ``N``.
@@ -71,16 +103,22 @@ class ShardSampler:
         self.mode = mode
         self._epoch = 0
         self._position = 0
+        # list position where this epoch's sharding began: 0, or the cursor
+        # of a resume on another number of shards
+        self._start = 0
 
     def __len__(self) -> int:
-        """Samples this shard reads in a whole epoch."""
-        return shard_length(self.num_samples, self.num_shards, self.shard_id, self.mode)
+        """Samples this shard reads in the epoch (from :attr:`start` on, after a resize)."""
+        return shard_length(
+            self.num_samples, self.num_shards, self.shard_id, self.mode, self._start
+        )
 
     def __repr__(self) -> str:
         return (
             f"ShardSampler(num_samples={self.num_samples}, num_shards={self.num_shards}, "
             f"shard_id={self.shard_id}, shuffle={self.shuffle}, seed={self.seed}, "
-            f"mode={self.mode!r}, epoch={self._epoch}, position={self._position})"
+            f"mode={self.mode!r}, epoch={self._epoch}, position={self._position}, "
+            f"cursor={self.cursor})"
         )
 
     @property
@@ -93,6 +131,32 @@ class ShardSampler:
         """Samples of the current epoch's shard already consumed, in ``[0, len(self)]``."""
         return self._position
 
+    @property
+    def start(self) -> int:
+        """List position where this epoch's sharding began.
+
+        0, except after :meth:`load_state_dict` of a state saved with another
+        number of shards: then the saved :attr:`cursor`, and this shard reads
+        ``shard_indices(..., start=start)``.
+        """
+        return self._start
+
+    @property
+    def cursor(self) -> int:
+        """Samples of this epoch's list the whole job has read, in ``[0, num_samples]``.
+
+        ``start + position * num_shards``, capped at ``N`` (pad mode's last
+        round passes it). It assumes, as synchronous training guarantees,
+        that every rank has read as many samples as this one (in uneven mode,
+        ranks with a shorter shard simply have none left); rank 0, whose
+        shard is never shorter than another's, gives the job's cursor.
+
+        Example:
+            >>> s = ShardSampler(10, 3, 0); s.advance(2); s.cursor
+            6
+        """
+        return min(self._start + self._position * self.num_shards, self.num_samples)
+
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch``; its shuffle order differs from every other epoch's.
 
@@ -104,6 +168,7 @@ class ShardSampler:
         if epoch != self._epoch:
             self._epoch = epoch
             self._position = 0
+            self._start = 0
 
     def indices(self) -> np.ndarray:
         """int64 indices still to read this epoch: ``shard_indices(...)[position:]``."""
@@ -118,6 +183,7 @@ class ShardSampler:
             seed=self.seed,
             epoch=self._epoch,
             mode=self.mode,
+            start=self._start,
         )
 
     def advance(self, count: int) -> None:
@@ -136,10 +202,12 @@ class ShardSampler:
         self._position += count
 
     def state_dict(self) -> dict:
-        """A JSON-serialisable snapshot: epoch, position and the settings they refer to.
+        """A JSON-serialisable snapshot: epoch, position, cursor and the settings they refer to.
 
-        The snapshot has no ``shard_id``: in pad and drop mode every rank is at
-        the same position, so rank 0 can save it for all.
+        The snapshot has no ``shard_id``: every rank is at the same position
+        (in uneven mode, rank 0's is the job's), so rank 0 can save it for
+        all. ``cursor`` is the job's global position (:attr:`cursor`);
+        ``start`` and ``position`` place this layout within it.
 
         Example:
             >>> json.dump(sampler.state_dict(), open("data_state.json", "w"))
@@ -148,6 +216,8 @@ class ShardSampler:
             "version": _STATE_VERSION,
             "epoch": self._epoch,
             "position": self._position,
+            "start": self._start,
+            "cursor": self.cursor,
             "num_samples": self.num_samples,
             "num_shards": self.num_shards,
             "shuffle": self.shuffle,
@@ -156,24 +226,44 @@ class ShardSampler:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a :meth:`state_dict` snapshot.
+        """Continue from a :meth:`state_dict` snapshot, on this or another number of shards.
 
-        A position past this shard's length (possible in uneven mode, where
-        shards differ by one) is clipped to it.
+        Saved with the same ``num_shards``, the sampler continues at the saved
+        ``position`` of its shard (clipped to the shard's length in uneven
+        mode, where shards differ by one). Saved with another number of
+        shards, it re-shards the rest of the epoch: ``start`` becomes the
+        saved ``cursor`` and ``position`` 0, so the ranks there now read
+        positions ``cursor .. N-1`` of the epoch's list once between them
+        (see the module docstring for what pad and drop mode do then).
 
         Raises:
-            ShardingError: the snapshot was taken with other settings (a
-                position means nothing for another ``N``, ``S``, seed or mode),
-                or keys are missing.
+            ShardingError: the snapshot was taken with another ``N``, seed,
+                shuffle or mode (a position means nothing for those), keys
+                are missing or corrupt, or a snapshot of version 1 (no global
+                cursor) is loaded on another number of shards.
         """
-        mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
+        if not isinstance(state, dict):
+            raise ShardingError(
+                f"sampler state is a {type(state).__name__}; pass a dict made by "
+                "ShardSampler.state_dict()."
+            )
+        version = state.get("version")
+        needed = _STATE_KEYS + ("mode",) + (("start", "cursor") if version != 1 else ())
+        missing = sorted(set(needed) - set(state))
         if missing:
             raise ShardingError(
                 f"sampler state is missing {missing}; pass a dict made by "
                 "ShardSampler.state_dict()."
             )
-        keys = ("version", "num_samples", "num_shards", "shuffle", "seed", "mode")
+        if version not in (1, _STATE_VERSION):
+            raise ShardingError(
+                f"sampler state has version {version!r}; this hvdkit reads versions 1 and "
+                f"{_STATE_VERSION}. Save it again with this hvdkit's ShardSampler.state_dict()."
+            )
+        mine = self.state_dict()
+        keys = ("num_samples", "shuffle", "seed", "mode")
+        if version == 1:  # no global cursor: the position is per shard, S must match
+            keys += ("num_shards",)
         diff = [f"{k}: saved {state[k]!r}, here {mine[k]!r}" for k in keys if state[k] != mine[k]]
         if diff:
             raise ShardingError(
@@ -181,12 +271,30 @@ class ShardSampler:
                 "Create the ShardSampler with the saved settings, or start the epoch "
                 "afresh with set_epoch() instead of load_state_dict()."
             )
-        epoch = check_int("epoch", state["epoch"], 0, "the saved state is corrupt.")
-        position = check_int("position", state["position"], 0, "the saved state is corrupt.")
+        corrupt = "the saved state is corrupt."
+        epoch = check_int("epoch", state["epoch"], 0, corrupt)
+        position = check_int("position", state["position"], 0, corrupt)
+        saved_shards = check_int("num_shards", state["num_shards"], 1, corrupt)
+        if version == 1:
+            start, cursor = 0, min(position * saved_shards, self.num_samples)
+        else:
+            start = check_start(state["start"], self.num_samples)
+            cursor = check_start(state["cursor"], self.num_samples)
+            if cursor != min(start + position * saved_shards, self.num_samples):
+                raise ShardingError(
+                    f"sampler state is inconsistent: cursor={cursor}, but start={start} + "
+                    f"position={position} * num_shards={saved_shards} says otherwise; "
+                    "the saved state is corrupt."
+                )
         self._epoch = epoch
-        # In uneven mode shards differ by one sample; a rank that already
-        # finished its shorter shard simply has nothing left.
-        self._position = min(position, len(self))
+        if saved_shards == self.num_shards:
+            self._start = start
+            # In uneven mode shards differ by one sample; a rank that already
+            # finished its shorter shard simply has nothing left.
+            self._position = min(position, len(self))
+        else:  # re-shard what the whole job had not read yet over these shards
+            self._start = cursor
+            self._position = 0
 
     def dataset(self, source: Any, *, chunk_size: int = 256) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of the samples left in this epoch, in reading order.
@@ -227,7 +335,12 @@ class ShardPositionCallback(keras.callbacks.Callback):
 
     The sampler's dataset holds one epoch, so call ``fit`` once per epoch;
     after each batch the callback advances the sampler, so its
-    ``state_dict()`` can be saved next to a mid-epoch checkpoint.
+    ``state_dict()`` can be saved next to a mid-epoch checkpoint. List it
+    before callbacks that save the position (``Checkpointer.callback()``).
+
+    A fit call may span several Keras epochs only while the data epoch is
+    not used up (``hvdkit.sink.train`` with ``sink_size``, where a Keras epoch
+    is one sink, or ``steps_per_epoch`` shorter than the dataset).
 
     Args:
         sampler: The sampler whose :meth:`ShardSampler.dataset` is being fitted.
@@ -254,7 +367,9 @@ class ShardPositionCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epochs_begun += 1
-        if self._epochs_begun > 1:
+        # Keras numbers batches from 0 again in every epoch of a fit call.
+        self._start = self.sampler.position
+        if self._epochs_begun > 1 and self.sampler.position >= len(self.sampler):
             raise ConfigurationError(
                 f"ShardPositionCallback saw a second epoch ({epoch}) in one fit() call, but "
                 "a ShardSampler's dataset holds a single epoch; call fit once per epoch "

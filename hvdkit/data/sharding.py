@@ -136,13 +136,16 @@ def resolve_shards(num_shards: int | None, shard_id: int | None) -> tuple[int, i
 
 
 # --------------------------------------------------------------------------- index math
-def shard_length(num_samples: int, num_shards: int, shard_id: int, mode: str) -> int:
-    """``len(shard_indices(num_samples, num_shards, shard_id, mode=mode))``, without building it."""
+def shard_length(
+    num_samples: int, num_shards: int, shard_id: int, mode: str, start: int = 0
+) -> int:
+    """``len(shard_indices(num_samples, num_shards, shard_id, mode=mode, start=start))``."""
+    rest = num_samples - start
     if mode == "pad":
-        return -(-num_samples // num_shards)
+        return -(-rest // num_shards)
     if mode == "drop":
-        return num_samples // num_shards
-    return len(range(shard_id, num_samples, num_shards))
+        return rest // num_shards
+    return len(range(shard_id, rest, num_shards))
 
 
 def _order(num_samples: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
@@ -162,6 +165,7 @@ def shard_indices(
     seed: int = 0,
     epoch: int = 0,
     mode: str = "pad",
+    start: int = 0,
 ) -> np.ndarray:
     """Indices of the samples shard ``shard_id`` reads in one epoch, in reading order.
 
@@ -174,6 +178,14 @@ def shard_indices(
     * ``"drop"``: ``floor(N/S)`` indices; the last ``N % S`` samples are skipped.
     * ``"uneven"``: every sample exactly once; shard sizes differ by at most one.
 
+    ``start`` (a resume point, see :class:`ShardSampler`) shards only the
+    rest of the list, positions ``start .. N-1``, the same way: shard ``r``
+    takes positions ``start + r, start + r + S, ...``; pad mode wraps past
+    ``N`` to the start of the list (samples already read this epoch), drop
+    mode skips the last ``(N - start) % S``. With ``start = p * S`` this is
+    ``shard_indices(...)[p:]``, so the ranks there now share exactly what the
+    whole job had not read yet, whatever ``S`` was before.
+
     Args:
         num_samples: ``N``, the dataset length (>= 1).
         num_shards: ``S`` (>= 1), usually ``hvdkit.size()``.
@@ -182,28 +194,45 @@ def shard_indices(
         seed: Non-negative int; the same on every rank.
         epoch: Non-negative int; another epoch gives another permutation.
         mode: ``"pad"`` (default), ``"drop"`` or ``"uneven"``.
+        start: Position of the list where sharding begins, in ``[0, N]``
+            (default 0: the whole epoch).
 
     Returns:
-        int64 array of shape ``[ceil(N/S)]`` (pad), ``[floor(N/S)]`` (drop) or
-        ``[len(range(shard_id, N, S))]`` (uneven). Within one shard the
-        indices are distinct in every mode.
+        int64 array of shape ``[ceil(R/S)]`` (pad), ``[floor(R/S)]`` (drop) or
+        ``[len(range(shard_id, R, S))]`` (uneven), where ``R = N - start``.
+        Within one shard the indices are distinct in every mode (pad mode
+        with ``S > N`` aside).
 
     Raises:
         ShardingError: ``num_shards < 1``, ``shard_id`` outside ``[0, S)``,
             ``N < 1``, ``N < S`` in drop mode, unknown ``mode``, negative
-            ``seed``/``epoch``.
+            ``seed``/``epoch``, ``start`` outside ``[0, N]``.
 
     Example:
         >>> [shard_indices(10, 3, r).tolist() for r in range(3)]
         [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
         >>> [shard_indices(10, 3, r, mode="drop").tolist() for r in range(3)]
         [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+        >>> [shard_indices(10, 2, r, start=6).tolist() for r in range(2)]  # 6 read, S=3 -> 2
+        [[6, 8], [7, 9]]
     """
     check_shard_args(num_samples, num_shards, shard_id, mode, seed, epoch)
+    start = check_start(start, num_samples)
     order = _order(int(num_samples), shuffle, int(seed), int(epoch))
-    length = shard_length(num_samples, num_shards, shard_id, mode)
-    positions = shard_id + num_shards * np.arange(length, dtype=np.int64)
+    length = shard_length(num_samples, num_shards, shard_id, mode, start)
+    positions = start + shard_id + num_shards * np.arange(length, dtype=np.int64)
     return order[positions % num_samples]
+
+
+def check_start(start: Any, num_samples: int) -> int:
+    """``start`` as an int in ``[0, num_samples]``, or a ShardingError."""
+    start = check_int("start", start, 0, "pass the number of samples already read (>= 0).")
+    if start > num_samples:
+        raise ShardingError(
+            f"start={start} is past the end of the epoch's {num_samples} samples; pass a "
+            f"position between 0 and {num_samples}."
+        )
+    return start
 
 
 # --------------------------------------------------------------------------- shard()

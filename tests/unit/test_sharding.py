@@ -196,9 +196,11 @@ def test_sampler_epochs_positions_and_state():
         s.advance(2)
     state = s.state_dict()
     assert state == {
-        "version": 1,
+        "version": 2,
         "epoch": 2,
         "position": 3,
+        "start": 0,
+        "cursor": 9,  # 3 samples on each of 3 shards: list positions 0..8
         "num_samples": 10,
         "num_shards": 3,
         "shuffle": True,

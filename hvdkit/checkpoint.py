@@ -1,0 +1,707 @@
+"""Checkpoints of the whole training state: :class:`Checkpointer`.
+
+One object saves and restores everything a restarted job needs to continue
+as if it had never stopped: the model's variables (weights and the states
+of its layers' random generators), the optimizer's (slots, ``iterations``,
+the loss scale of a ``LossScaleOptimizer``), the epoch, the data position of
+a :class:`~hvdkit.data.ShardSampler` (a global cursor, so the job may resume
+on another number of ranks), the host random-number state (Python's
+``random``, NumPy's global generator, Keras's global ``SeedGenerator``) and
+a JSON-able dict of user extras.
+
+On disk, ``directory`` holds one folder per checkpoint::
+
+    ckpt-0000000120/
+        arrays.bin      every variable's bytes, back to back (C order)
+        state.json      step, epoch, sampler state, random state, extras
+        manifest.json   format, step, size and SHA-256 of the two files,
+                        name/shape/dtype/offset of every variable, and the
+                        SHA-256 of the manifest itself
+
+Rank 0 writes it under a temporary name (``.tmp-ckpt-...``), fsyncs every
+file and the folder, renames it to ``ckpt-<step>`` and fsyncs ``directory``:
+a folder named ``ckpt-<step>`` with a manifest is complete. A process killed
+while writing leaves only a ``.tmp-ckpt-...`` folder, which
+:meth:`Checkpointer.restore` skips with a warning and the next save removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from . import _compat, collectives, errors, runtime
+from .data.sampler import ShardPositionCallback, ShardSampler
+from .data.sharding import shard_length
+from .errors import ConfigurationError, DataFormatError, HvdkitError
+
+__all__ = ["Checkpointer", "CheckpointWarning"]
+
+FORMAT = "hvdkit-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST, ARRAYS, STATE = "manifest.json", "arrays.bin", "state.json"
+_NAME = re.compile(r"ckpt-(\d{10})")
+_TMP_PREFIX = ".tmp-ckpt-"
+_CHUNK = 1 << 24  # bytes hashed/written per call
+
+# Test hook: called as _write_hook(stage, step) while rank 0 writes a
+# checkpoint ("arrays": after the first variable's bytes are written). The
+# fault-tolerance tests kill the process there to leave a torn checkpoint.
+_write_hook = None
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped on restore (torn or corrupt); the message names it."""
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _manifest_digest(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _scan(directory: Path) -> tuple[list[tuple[int, Path]], list[tuple[Path, str]]]:
+    """``(complete-looking checkpoints newest first, [(torn folder, why)])``."""
+    found, torn = [], []
+    for p in sorted(directory.iterdir()):
+        if p.name.startswith(_TMP_PREFIX):
+            torn.append((p, "an unfinished write (its writer stopped before renaming it)"))
+            continue
+        m = _NAME.fullmatch(p.name)
+        if m and p.is_dir():
+            if (p / MANIFEST).is_file():
+                found.append((int(m.group(1)), p))
+            else:
+                torn.append((p, f"it has no {MANIFEST}"))
+    found.sort(reverse=True)
+    return found, torn
+
+
+def _read_manifest(folder: Path) -> dict:
+    """The manifest of ``folder``; DataFormatError if it is not a valid hvdkit manifest."""
+    path = folder / MANIFEST
+    fix = (
+        f"Move or delete the folder {folder} to resume from the checkpoint before it, "
+        "or restore the file from a backup."
+    )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataFormatError(f"checkpoint manifest {path} is unreadable ({e}). {fix}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataFormatError(
+            f"{path} is not an hvdkit checkpoint manifest (no format={FORMAT!r}). {fix}"
+        )
+    if manifest.get("version") != FORMAT_VERSION:
+        raise DataFormatError(
+            f"{path} has checkpoint format version {manifest.get('version')!r}; this hvdkit "
+            f"reads version {FORMAT_VERSION}. {fix}"
+        )
+    if manifest.get("manifest_sha256") != _manifest_digest(manifest):
+        raise DataFormatError(f"checkpoint manifest {path} fails its own checksum. {fix}")
+    return manifest
+
+
+def _payload_problem(folder: Path, manifest: dict) -> str | None:
+    """Why the files of ``folder`` do not match its manifest, or ``None``."""
+    for name, meta in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != meta["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {meta['bytes']}"
+        if _sha256_file(path) != meta["sha256"]:
+            return f"{name} fails its SHA-256 checksum"
+    return None
+
+
+def _rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    seed_state = _compat.keras_global_seed_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "keras_global_seed": None if seed_state is None else np.asarray(seed_state).tolist(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if state["keras_global_seed"] is not None:
+        var = _compat.keras_global_seed_state(create=True)
+        var.assign(np.asarray(state["keras_global_seed"], dtype=var.dtype))
+
+
+class Checkpointer:
+    """Saves and restores the whole training state, so a restarted job continues exactly.
+
+    Call :meth:`restore` on every rank before training: it loads the newest
+    complete checkpoint in ``directory`` on rank 0 and broadcasts it, so
+    every rank starts identical (on a fresh start it broadcasts rank 0's
+    initial variables). Then save on a schedule every rank agrees on: with
+    :meth:`callback` in ``model.fit`` or :func:`hvdkit.sink.train`, or with
+    :meth:`maybe_save` / :meth:`save` in a custom loop. Only rank 0 writes.
+
+    Args:
+        directory: Folder of the checkpoints (created if missing); the same
+            path for every rank (only rank 0 uses it).
+        model: A built ``keras.Model``; all of ``model.variables`` are saved.
+        optimizer: Its optimizer; ``None`` means ``model.optimizer`` when the
+            model is compiled. Built on :meth:`restore` if it is not yet.
+        sampler: The :class:`~hvdkit.data.ShardSampler` feeding the model;
+            its position is saved and restored (on any number of ranks).
+        every_steps: Save when the step count reaches a multiple of it.
+        every_seconds: Save when this much time passed on rank 0 since the
+            last save; rank 0 decides and broadcasts the decision, so ranks
+            never disagree (checked about ten times per interval).
+        keep: Checkpoints kept (the newest ``keep``; older ones are deleted).
+        extra: A JSON-able dict saved with every checkpoint; :meth:`restore`
+            replaces its contents with the saved ones.
+
+    Attributes:
+        step: Training steps done (restored by :meth:`restore`, counted by
+            the callback, set by :meth:`save`).
+        epoch: The epoch to continue with after :meth:`restore` (the
+            sampler's epoch when there is a sampler; a restored epoch whose
+            data is used up becomes the next one).
+        extra: The user extras.
+        last_path: Folder of the last checkpoint saved or restored (rank 0).
+
+    Example:
+        >>> sampler = hvdkit.data.ShardSampler(len(x), shuffle=True, seed=1)
+        >>> ckpt = hvdkit.Checkpointer("ckpt", model=model, sampler=sampler, every_steps=100)
+        >>> ckpt.restore()                       # 0 on a fresh start
+        >>> for epoch in range(sampler.epoch, EPOCHS):
+        ...     sampler.set_epoch(epoch)
+        ...     model.fit(sampler.dataset((x, y)).batch(32), initial_epoch=epoch,
+        ...               epochs=epoch + 1,
+        ...               callbacks=[hvdkit.data.ShardPositionCallback(sampler, 32),
+        ...                          ckpt.callback()])
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer | None = None,
+        sampler: ShardSampler | None = None,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keep: int = 3,
+        extra: dict | None = None,
+    ):
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ConfigurationError(
+                f"Checkpointer: directory={directory!r} is not a path; pass the folder "
+                "to keep checkpoints in."
+            )
+        if not isinstance(model, keras.Model):
+            raise ConfigurationError(
+                f"Checkpointer: model={model!r} is not a keras.Model; pass the model trained."
+            )
+        if sampler is not None and not isinstance(sampler, ShardSampler):
+            raise ConfigurationError(
+                f"Checkpointer: sampler={sampler!r} is not an hvdkit.data.ShardSampler; "
+                "pass the sampler whose dataset is trained on, or None."
+            )
+        for name, value, kind in (
+            ("every_steps", every_steps, int),
+            ("every_seconds", every_seconds, (int, float)),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, kind) or value <= 0
+            ):
+                raise ConfigurationError(
+                    f"Checkpointer: {name}={value!r} must be a positive number, or None "
+                    "for no schedule of that kind."
+                )
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ConfigurationError(
+                f"Checkpointer: keep={keep!r} must be an int >= 1 (checkpoints kept on disk)."
+            )
+        extra = {} if extra is None else extra
+        self._check_extra(extra)
+        self.directory = Path(directory)
+        self.model = model
+        self._optimizer = optimizer
+        self.sampler = sampler
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.keep = keep
+        self.extra = extra
+        self.step = 0
+        self.epoch = 0
+        self.last_path: Path | None = None
+        self._last_save_time = time.monotonic()
+        self._next_check = 1  # step of the next every_seconds decision
+        self._check_time = time.monotonic()
+        self._check_step = 0
+        self._scheduled_step = 0  # last step the schedule looked at
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpointer({str(self.directory)!r}, step={self.step}, epoch={self.epoch}, "
+            f"every_steps={self.every_steps}, every_seconds={self.every_seconds}, "
+            f"keep={self.keep})"
+        )
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _check_extra(extra: Any) -> None:
+        try:
+            ok = isinstance(extra, dict) and json.loads(json.dumps(extra)) is not None
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigurationError(
+                f"Checkpointer: extra={extra!r} is not a JSON-serialisable dict; keep only "
+                "str keys and numbers, strings, lists and dicts in it."
+            )
+
+    @property
+    def optimizer(self):
+        """The optimizer whose state is saved (``None`` if there is none)."""
+        if self._optimizer is not None:
+            return self._optimizer
+        return getattr(self.model, "optimizer", None)
+
+    def _variables(self) -> tuple[list, list]:
+        """``(model variables, optimizer variables)``, building the optimizer if needed."""
+        if not self.model.built or not self.model.variables:
+            raise ConfigurationError(
+                "Checkpointer: the model has no variables yet; build it first "
+                "(start it with keras.Input(...), or call model.build(input_shape))."
+            )
+        opt = self.optimizer
+        if opt is None:
+            return list(self.model.variables), []
+        if not opt.built:
+            opt.build(self.model.trainable_variables)
+        return list(self.model.variables), list(opt.variables)
+
+    def _check_directory(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f".hvdkit-write-test-{os.getpid()}"
+            _write_file(probe, b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigurationError(
+                f"checkpoint directory {str(self.directory)!r} is not writable "
+                f"({e.strerror or e}); pass a directory this process can create and write "
+                "(every rank passes the same path; only rank 0 writes)."
+            ) from e
+
+    # ------------------------------------------------------------ restore
+    def _find_on_root(self, variables: list) -> tuple[Path, dict, list, dict] | None:
+        self._check_directory()
+        found, torn = _scan(self.directory)
+        for path, why in torn:
+            warnings.warn(
+                f"skipping torn checkpoint {path}: {why}; the next save removes it.",
+                CheckpointWarning,
+                stacklevel=3,
+            )
+        for _, folder in found:
+            manifest = _read_manifest(folder)
+            problem = _payload_problem(folder, manifest)
+            if problem is not None:
+                aside = folder.with_name(f"corrupt-{folder.name}-{int(time.time())}")
+                folder.rename(aside)
+                warnings.warn(
+                    f"skipping corrupt checkpoint {folder}: {problem}; moved it to {aside} "
+                    "and trying the one before.",
+                    CheckpointWarning,
+                    stacklevel=3,
+                )
+                continue
+            self._check_matches(folder, manifest, variables)
+            state = json.loads((folder / STATE).read_text())
+            raw = (folder / ARRAYS).read_bytes()
+            arrays = [
+                np.frombuffer(
+                    raw, dtype=var.numpy().dtype, count=int(np.prod(e["shape"])), offset=e["offset"]
+                ).reshape(e["shape"])
+                for e, var in zip(manifest["variables"], variables, strict=True)
+            ]
+            return folder, manifest, arrays, state
+        return None
+
+    def _check_matches(self, folder: Path, manifest: dict, variables: list) -> None:
+        saved = manifest["variables"]
+        here = [
+            {
+                "name": getattr(v, "path", v.name),
+                "shape": list(v.shape),
+                "dtype": np.dtype(v.numpy().dtype).name,
+            }
+            for v in variables
+        ]
+        diffs = []
+        if len(saved) != len(here):
+            groups = {g: sum(e["group"] == g for e in saved) for g in ("model", "optimizer")}
+            diffs.append(
+                f"it holds {groups['model']} model and {groups['optimizer']} optimizer "
+                f"variables, this model and optimizer have {len(self.model.variables)} and "
+                f"{len(here) - len(self.model.variables)}"
+            )
+        for i, (s, h) in enumerate(zip(saved, here, strict=False)):
+            if s["shape"] != h["shape"] or s["dtype"] != h["dtype"]:
+                diffs.append(
+                    f"variable {i} {s['name']!r} is {s['dtype']}{s['shape']} there, "
+                    f"{h['name']!r} is {h['dtype']}{h['shape']} here"
+                )
+        if diffs:
+            raise ConfigurationError(
+                f"checkpoint {folder / MANIFEST} was written for another model: "
+                f"{'; '.join(diffs[:3])}{' ...' if len(diffs) > 3 else ''}. Point the "
+                "Checkpointer at another directory for this model, or move that folder away "
+                "to start afresh."
+            )
+
+    def restore(self) -> int:
+        """Load the newest complete checkpoint on rank 0 and broadcast it; call on every rank.
+
+        Torn checkpoints (an unfinished write) and corrupt ones (a file that
+        fails its checksum) are skipped with a :class:`CheckpointWarning`
+        naming them; a corrupt one is moved aside to ``corrupt-ckpt-...``.
+        Without a checkpoint, rank 0's initial variables are broadcast.
+        Afterwards every rank has the same model and optimizer variables,
+        sampler position (re-sharded if the number of ranks changed), random
+        state, ``epoch``, ``step`` and ``extra``.
+
+        Returns:
+            The step the checkpoint was saved at; 0 on a fresh start.
+
+        Raises:
+            ConfigurationError: the directory is not writable, the model is
+                not built, or the checkpoint was written for another model
+                (variable count or shapes differ); the message names the file.
+            DataFormatError: a checkpoint's manifest is unreadable or fails
+                its checksum (not something an interrupted write leaves).
+            ShardingError: the saved sampler state does not fit ``sampler``.
+
+        Every rank raises the same error; none is left waiting.
+        """
+        model_vars, opt_vars = self._variables()
+        variables = model_vars + opt_vars
+        root, multi = runtime.rank() == 0, runtime.size() > 1
+        header: dict = {"ok": True, "state": None}
+        failure = None
+        if root:
+            try:
+                found = self._find_on_root(variables)
+                if found is not None:
+                    folder, _, arrays, state = found
+                    for var, value in zip(variables, arrays, strict=True):
+                        var.assign(value)
+                    header = {"ok": True, "state": state, "path": str(folder)}
+            except Exception as e:  # every rank must learn of it, or the others wait
+                failure = e
+                kind = type(e).__name__ if isinstance(e, HvdkitError) else "HvdkitError"
+                header = {"ok": False, "type": kind, "message": f"on rank 0: {e}"}
+        if multi:
+            header = collectives.broadcast_object(header, 0)
+        if not header["ok"]:
+            if failure is not None:
+                raise failure
+            raise getattr(errors, header["type"])(header["message"])
+        if multi:
+            collectives.broadcast_variables(variables, 0)
+        state = header["state"]
+        if state is None:
+            self.step, self.epoch = 0, self.sampler.epoch if self.sampler else 0
+            return 0
+        self.last_path = Path(header["path"])
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.extra.clear()
+        self.extra.update(state["extra"])
+        _set_rng_state(state["rng"])
+        if self.sampler is not None and state["sampler"] is not None:
+            self._restore_sampler(state["sampler"])
+        self._scheduled_step = self._check_step = self.step
+        self._next_check = self.step + 1
+        self._last_save_time = self._check_time = time.monotonic()
+        return self.step
+
+    def _restore_sampler(self, saved: dict) -> None:
+        s = self.sampler
+        s.load_state_dict(saved)
+        # Decided from the saved state (the same on every rank): is anything
+        # left of this epoch for rank 0, whose shard is never shorter?
+        same = saved["num_shards"] == s.num_shards
+        start = saved.get("start", 0) if same else saved.get("cursor", 0)
+        left = shard_length(s.num_samples, s.num_shards, 0, s.mode, start)
+        if same:
+            left -= saved["position"]
+        if left <= 0:
+            s.set_epoch(s.epoch + 1)
+        self.epoch = s.epoch
+
+    # ------------------------------------------------------------ save
+    def save(self, step: int) -> Path | None:
+        """Write a checkpoint of the state after ``step`` training steps (rank 0 only).
+
+        Call it on every rank at the same step (other ranks only record the
+        step; nothing is communicated). The sampler's position is saved as it
+        stands, so advance it for the step's batch first.
+
+        Returns:
+            The checkpoint's folder on rank 0, ``None`` on other ranks.
+
+        Raises:
+            ConfigurationError: ``step`` is not an int >= 0, the directory is not
+                writable, or it already holds a checkpoint newer than ``step``
+                (call :meth:`restore` first, or use another directory).
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ConfigurationError(
+                f"Checkpointer.save: step={step!r} must be an int >= 0 (training steps done)."
+            )
+        step = int(step)
+        self.step = step
+        self._last_save_time = time.monotonic()
+        if self.sampler is not None:
+            self.epoch = self.sampler.epoch
+        if runtime.rank() != 0:
+            return None
+        self._check_extra(self.extra)
+        self._check_directory()
+        found, torn = _scan(self.directory)
+        newer = [p.name for s, p in found if s > step]
+        if newer:
+            raise ConfigurationError(
+                f"Checkpointer.save({step}): {self.directory} already holds newer "
+                f"checkpoints {newer}; call restore() before training to continue from them, "
+                "or use a new directory for a new run."
+            )
+        for path, _ in torn:
+            shutil.rmtree(path, ignore_errors=True)
+        model_vars, opt_vars = self._variables()
+        named = [("model", v) for v in model_vars] + [("optimizer", v) for v in opt_vars]
+        state = {
+            "step": step,
+            "epoch": self.epoch,
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "rng": _rng_state(),
+            "extra": self.extra,
+            "world_size": runtime.size(),
+            "saved_at": time.time(),
+        }
+        folder = self._write(step, named, state)
+        self.last_path = folder
+        found, _ = _scan(self.directory)
+        for _, old in found[self.keep :]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def _write(self, step: int, named: list, state: dict) -> Path:
+        final = self.directory / f"ckpt-{step:010d}"
+        tmp = self.directory / f"{_TMP_PREFIX}{step:010d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        entries, offset, digest = [], 0, hashlib.sha256()
+        with open(tmp / ARRAYS, "wb") as f:
+            for i, (group, var) in enumerate(named):
+                value = np.asarray(var.numpy(), order="C")  # 0-d stays 0-d
+                data = value.reshape(-1).view(np.uint8)
+                for lo in range(0, data.size, _CHUNK):
+                    f.write(data[lo : lo + _CHUNK])
+                digest.update(data)
+                entries.append(
+                    {
+                        "group": group,
+                        "name": getattr(var, "path", var.name),
+                        "shape": list(value.shape),
+                        "dtype": value.dtype.name,
+                        "offset": offset,
+                        "nbytes": int(value.nbytes),
+                    }
+                )
+                offset += int(value.nbytes)
+                if i == 0 and _write_hook is not None:
+                    f.flush()
+                    _write_hook("arrays", step)
+            f.flush()
+            os.fsync(f.fileno())
+        state_bytes = json.dumps(state, sort_keys=True).encode()
+        _write_file(tmp / STATE, state_bytes)
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "epoch": state["epoch"],
+            "files": {
+                ARRAYS: {"bytes": offset, "sha256": digest.hexdigest()},
+                STATE: {
+                    "bytes": len(state_bytes),
+                    "sha256": hashlib.sha256(state_bytes).hexdigest(),
+                },
+            },
+            "variables": entries,
+        }
+        manifest["manifest_sha256"] = _manifest_digest(manifest)
+        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved again (a restart that redid it)
+            old = self.directory / f"{_TMP_PREFIX}old-{step:010d}-{os.getpid()}"
+            final.rename(old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        return final
+
+    # ------------------------------------------------------------ schedule
+    def due(self, step: int) -> bool:
+        """Whether the schedule saves after ``step``; every rank must call it at the same steps.
+
+        ``every_steps``: ``step`` reached a multiple of it since the last
+        call. ``every_seconds``: rank 0's clock decides, at steps chosen so
+        that it decides about ten times per interval, and broadcasts the
+        decision (a collective at those steps only).
+        """
+        step = int(step)
+        due = False
+        if self.every_steps is not None:
+            due = step // self.every_steps > self._scheduled_step // self.every_steps
+        self._scheduled_step = step
+        if self.every_seconds is not None and step >= self._next_check:
+            decision = None
+            if runtime.rank() == 0:
+                now = time.monotonic()
+                rate = (step - self._check_step) / max(now - self._check_time, 1e-9)
+                ahead = max(1, int(rate * self.every_seconds / 10))
+                decision = (now - self._last_save_time >= self.every_seconds, step + ahead)
+                self._check_time, self._check_step = now, step
+            if runtime.size() > 1:
+                decision = collectives.broadcast_object(decision, 0)
+            timed, self._next_check = decision
+            due = due or timed
+        return due
+
+    def maybe_save(self, step: int) -> bool:
+        """Save if :meth:`due`; for custom loops, called on every rank after every step or sink.
+
+        Example:
+            >>> for x, y in sampler.dataset(data).batch(32):
+            ...     train_step(x, y)
+            ...     sampler.advance(len(y)); step += 1
+            ...     ckpt.maybe_save(step)
+        """
+        if self.due(step):
+            self.save(step)
+            return True
+        self.step = int(step)
+        return False
+
+    def callback(self, batch_size: int | None = None) -> keras.callbacks.Callback:
+        """A Keras callback that counts steps and saves on the schedule during ``fit``.
+
+        It also works with :func:`hvdkit.sink.train`, where it runs once per
+        sink, so checkpoints fall on sink boundaries. The sampler's position
+        is saved as it stands after the step: list
+        ``hvdkit.data.ShardPositionCallback(sampler, B)`` before this
+        callback, or pass ``batch_size=B`` to have this callback advance the
+        sampler itself (then leave ShardPositionCallback out).
+
+        Raises (during fit):
+            ConfigurationError: there is a sampler, no ``batch_size``, and the
+                sampler did not advance in the first step (no
+                ShardPositionCallback before this callback).
+        """
+        position = None
+        if batch_size is not None:
+            if self.sampler is None:
+                raise ConfigurationError(
+                    "Checkpointer.callback: batch_size is for advancing the sampler, but "
+                    "this Checkpointer has none; drop batch_size or pass sampler=."
+                )
+            position = ShardPositionCallback(self.sampler, batch_size)
+        return _CheckpointCallback(self, position)
+
+
+class _CheckpointCallback(keras.callbacks.Callback):
+    def __init__(self, ckpt: Checkpointer, position: ShardPositionCallback | None):
+        super().__init__()
+        self.ckpt = ckpt
+        self.position = position
+        self._batch = -1
+        self._before = None
+
+    def set_model(self, model):
+        super().set_model(model)
+        if self.position is not None:
+            self.position.set_model(model)
+
+    def on_train_begin(self, logs=None):
+        if self.position is not None:
+            self.position.on_train_begin(logs)
+        s = self.ckpt.sampler
+        self._before = None if s is None or self.position is not None else (s.epoch, s.position)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.position is not None:
+            self.position.on_epoch_begin(epoch, logs)
+        self._batch = -1
+        if self.ckpt.sampler is None:
+            self.ckpt.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.position is not None:
+            self.position.on_train_batch_end(batch, logs)
+        s = self.ckpt.sampler
+        if self._before is not None:
+            if (s.epoch, s.position) == self._before:
+                raise ConfigurationError(
+                    "Checkpointer.callback(): the sampler did not advance in the first step, "
+                    "so its saved position would be stale. List "
+                    "hvdkit.data.ShardPositionCallback(sampler, batch_size) before "
+                    "ckpt.callback() in callbacks=, or use ckpt.callback(batch_size=...)."
+                )
+            self._before = None
+        # Keras passes the index of the last batch of each step (one call per
+        # steps_per_execution or per sink), counted from 0 in every epoch.
+        step = self.ckpt.step + batch - self._batch
+        self._batch = batch
+        self.ckpt.maybe_save(step)
