@@ -254,19 +254,3 @@ def keras_global_seed_state(create: bool = False):
         generator = seed_generator.global_seed_generator()
     return None if generator is None else generator.state
 
-
-# Keras 3 draws the random numbers of ``keras.random.*`` calls made without a
-# seed (and of ``keras.utils.set_random_seed``'s global generator) from one
-# global ``SeedGenerator``, created on first use and kept in Keras's private
-# global state (checked on 3.10-3.15). hvdkit's Checkpointer saves and
-# restores its state so a resumed job draws the same numbers; there is no
-# public accessor.
-def keras_global_seed_state(create: bool = False):
-    """The global SeedGenerator's state variable, or ``None`` if there is none yet."""
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
-    generator = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
-    if generator is None and create:
-        generator = seed_generator.global_seed_generator()
-    return None if generator is None else generator.state
