@@ -253,4 +253,3 @@ def keras_global_seed_state(create: bool = False):
     if generator is None and create:
         generator = seed_generator.global_seed_generator()
     return None if generator is None else generator.state
-
