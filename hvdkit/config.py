@@ -21,6 +21,9 @@ INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds, used by hvdkitrun
 LOG_DIR = "HVDKIT_LOG_DIR"
 MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat receiver
+MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (default 0)
+RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
+CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"
@@ -30,6 +33,9 @@ SCHED_PORT = "HVDKIT_SCHED_PORT"
 JOB_TOKEN = "HVDKIT_JOB_TOKEN"
 SCHED_TIMEOUT = "HVDKIT_SCHED_TIMEOUT"  # seconds to wait for all workers (default 300)
 TOKEN_FILE = "HVDKIT_TOKEN_FILE"  # where run_scheduler.sh leaves a generated token
+MIN_WORKERS = "HVDKIT_MIN_WORKERS"  # continue a restarted job on this many (default: all)
+REPLACE_TIMEOUT = "HVDKIT_REPLACE_TIMEOUT"  # seconds to wait for replacement workers
+DEFAULT_SCHED_PORT = 29500  # the scheduler's TCP port when none is set
 MINDSPORE_ALIASES = {
     ROLE: "MS_ROLE",
     WORKER_NUM: "MS_WORKER_NUM",

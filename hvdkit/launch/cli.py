@@ -2,20 +2,21 @@
 
     hvdkitrun -np 2 python train.py
     hvdkitrun -np 4 -H a:2,b:2 --mpi --log-dir log_output python train.py
-    HVDKIT_ROLE=scheduler hvdkitrun ...        # see hvdkit.launch.rendezvous
+    hvdkitrun -np 2 --max-restarts 2 python train.py   # restart a failed job twice
+    HVDKIT_ROLE=scheduler hvdkitrun ...        # see hvdkit.launch.roles
 
 What it adds to horovodrun: rank-prefixed console output and per-rank log
 files; the Open MPI run-as-root flags only when running as root; an exit
 status that names the failing rank and its last lines once every other rank
-has been stopped; and a stall timeout, so that a rank which stops making
-progress ends the job instead of hanging it.
+has been stopped; a stall timeout, so that a rank which stops making
+progress ends the job instead of hanging it; and, with ``--max-restarts N``,
+the whole job started again after such a failure, up to N times.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import secrets
 import signal
 import socket
@@ -24,9 +25,11 @@ import time
 
 from .. import config
 from ..errors import LaunchError
-from . import processes
+from . import processes, restart
+from .failures import failing_rank, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
-from .output import RankOutput, lost_a_peer
+from .output import RankOutput
+from .restart import RestartBudget, resume_step
 
 DEFAULT_TRANSPORT = "gloo"  # measured: see docs/launching.md
 EXIT_STALLED = 124  # as timeout(1)
@@ -48,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="write <dir>/rank.N/stdout and stderr")
     p.add_argument(
         "--stall-timeout", type=float, help="seconds (default: $HVDKIT_STALL_TIMEOUT or 120)"
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="start the whole job again after a failure, up to N times "
+        "(default: $HVDKIT_MAX_RESTARTS or 0)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        help="where the job's checkpoints are; restarts log the step they resume from "
+        "(default: $HVDKIT_CHECKPOINT_DIR; passed on to the job)",
     )
     p.add_argument("--no-prefix", action="store_true", help="do not prefix lines with [rank N]")
     p.add_argument("--start-timeout", type=int, default=60, help="horovodrun's start timeout")
@@ -120,22 +134,6 @@ def _address_seen_by(host: str) -> str:
         return s.getsockname()[0]
 
 
-def failing_rank(launcher_lines) -> tuple[int | None, str]:
-    """Rank and reason from horovodrun's / mpirun's failure messages, if present."""
-    text = "\n".join(launcher_lines)
-    patterns = [
-        r"Process (\d+) exit with status code (-?\d+)",  # horovodrun --gloo
-        r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)",  # mpirun
-        r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)",  # mpirun
-    ]
-    for pat in patterns:
-        m = re.search(pat, text)
-        if m:
-            what = "signal" if "signal" in pat else "exit code"
-            return int(m.group(1)), f"{what} {m.group(2)}"
-    return None, ""
-
-
 def _addresses(names) -> list[str]:
     """The IPv4 addresses ``names`` resolve to (the job's other machines)."""
     found = set()
@@ -155,6 +153,8 @@ def run(argv: list[str] | None = None) -> int:
     np_, hosts = plan(args)
     transport = args.transport or DEFAULT_TRANSPORT
     stall = stall_timeout(args.stall_timeout)
+    budget = RestartBudget(restart.max_restarts(args.max_restarts))
+    checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
     horovodrun = processes.find_tool("horovodrun")
     if horovodrun is None:
         raise LaunchError(
@@ -170,11 +170,11 @@ def run(argv: list[str] | None = None) -> int:
         else _address_seen_by(next(h for h, _ in hosts if not _is_local(h)))
     )
     token = config.get(config.JOB_TOKEN) or secrets.token_hex(16)
-    monitor = HeartbeatMonitor(token, bind_host=bind)
 
     env = processes.program_env(dict(os.environ))
-    env[config.MONITOR_ADDR] = f"{seen_as}:{monitor.port}"
     env[config.JOB_TOKEN] = token
+    if checkpoint_dir:
+        env[config.CHECKPOINT_DIR] = checkpoint_dir
     for key, value in horovod_stall_env(stall).items():
         env.setdefault(key, value)
     if os.geteuid() == 0 and transport == "mpi":
@@ -201,89 +201,109 @@ def run(argv: list[str] | None = None) -> int:
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
     try:
         with processes.stop_signals() as interrupted:
-            child = processes.spawn(cmd, env)
-            stalled = _supervise(child, monitor, out, stall, interrupted)
+            while True:
+                env[config.RESTART_COUNT] = str(budget.restarts)
+                code, cause = _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as)
+                if cause is None:  # success or interrupted: never restarted
+                    return code
+                delay = budget.record(cause)
+                if delay is None:
+                    if budget.limit:
+                        out.launcher_line(f"hvdkitrun: {budget.summary()}")
+                    return code
+                out.launcher_line(budget.restart_line("hvdkitrun", resume_step(checkpoint_dir)))
+                if _wait_unless_interrupted(delay, interrupted):
+                    return _interrupted(out, interrupted)
+                out.reset_tails()
     finally:
-        monitor.close()
         out.close()
-    return _outcome(child, out, stall, stalled, interrupted)
 
 
-def _supervise(
-    child, monitor: HeartbeatMonitor, out: RankOutput, stall: float, interrupted: list[str]
-) -> list[tuple[int, float]]:
-    """Relay output until horovodrun ends, or stop the job on a stall or a signal.
+def _wait_unless_interrupted(seconds: float, interrupted: list[str]) -> bool:
+    """Sleep the back-off; True if a signal asked us to stop meanwhile."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not interrupted:
+        time.sleep(0.1)
+    return bool(interrupted)
 
-    Returns the stalled ``(rank, seconds silent)`` pairs (empty if none).
-    """
-    pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
+
+def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[int, str | None]:
+    """Run the job once; returns (exit status, cause of failure or None)."""
+    # A fresh monitor per attempt: the last attempt's silent ranks are no stall.
+    monitor = HeartbeatMonitor(token, bind_host=bind)
+    env = {**env, config.MONITOR_ADDR: f"{seen_as}:{monitor.port}"}
     known: dict[int, object] = {}
-    stalled: list[tuple[int, float]] = []
-    while child.poll() is None:
+
+    def track_local_ranks():
         for r, pid in monitor.local_pids().items():
             if known.get(r) is None:  # only processes in our own tree
                 known[r] = processes.descendant(child.pid, pid)
-        stalled = monitor.silent_ranks(stall)
-        if stalled or interrupted:
-            break
-        time.sleep(0.25)
-    if child.poll() is None:  # stalled or interrupted: stop everything we started
+
+    def announce_stall(stalled):
         if stalled:
             r, age = stalled[0]
             out.launcher_line(
                 f"hvdkitrun: rank {r} stalled: no heartbeat for {age:.0f} s (stall timeout "
                 f"{stall:g} s; the process is frozen or stuck). Stopping the job."
             )
-        processes.stop_group(child.pid)
-    child.wait()
-    for t in pumps:
-        t.join(timeout=5)
-    leftovers = processes.stop([p for p in known.values() if p is not None])
-    if leftovers:
-        out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
-    return stalled
 
-
-def _outcome(child, out: RankOutput, stall: float, stalled, interrupted: list[str]) -> int:
-    """Report how the job ended; returns hvdkitrun's exit status."""
-    if interrupted:
-        out.launcher_line(f"hvdkitrun: interrupted by {interrupted[0]}; job stopped.")
-        return 128 + signal.Signals[interrupted[0]].value
-    if stalled:
-        r = stalled[0][0]
-        _report_rank(out, r, f"stalled (no progress for more than {stall:g} s)")
-        return EXIT_STALLED
-    if child.returncode == 0:
-        return 0
-    r, why = failing_rank(out.launcher_lines)
-    r, why = _root_cause(out, r, why)
-    if r is None:
-        missing = re.search(r"[Mm]issing ranks:\s*([\d, ]+)", "\n".join(out.launcher_lines))
-        r = int(missing.group(1).split(",")[0]) if missing else None
-        why = "stalled: Horovod reported it missing from a collective" if missing else ""
-    if r is not None:
-        _report_rank(out, r, f"failed ({why})")
-    else:
-        out.launcher_line(f"hvdkitrun: the job failed (horovodrun exit code {child.returncode}).")
-    return child.returncode if child.returncode > 0 else 1
-
-
-def _root_cause(out: RankOutput, rank: int | None, why: str) -> tuple[int | None, str]:
-    """Prefer the rank that failed on its own over one that failed because of it.
-
-    mpirun names the first rank to *exit* non-zero, which is often a healthy
-    rank whose collective failed once the real culprit went away.
-    """
-    if rank is None or not lost_a_peer(out.tail(rank, 20)):
-        return rank, why
-    others = [r for r in sorted(out.tails) if r != rank and not lost_a_peer(out.tail(r, 20))]
-    if len(others) == 1:
-        out.launcher_line(
-            f"hvdkitrun: rank {rank} ({why}) failed because Horovod shut down "
-            f"after rank {others[0]} went away."
+    try:
+        child = processes.spawn(cmd, env)
+        pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
+        ended = processes.supervise(
+            child, monitor, stall, interrupted, on_tick=track_local_ranks, on_stop=announce_stall
         )
-        return others[0], "exited first; the others then lost it"
-    return rank, why
+        for t in pumps:
+            t.join(timeout=5)
+        leftovers = processes.stop([p for p in known.values() if p is not None])
+        if leftovers:
+            out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
+        exited_ok = _finished_ranks(monitor)
+    finally:
+        monitor.close()
+    return _outcome(ended, out, stall, interrupted, exited_ok)
+
+
+def _finished_ranks(monitor: HeartbeatMonitor) -> list[int]:
+    """Ranks that said goodbye (ended normally), in the order they did."""
+    statuses = dict(monitor.ranks)
+    return [r for r, s in sorted(statuses.items(), key=lambda kv: kv[1].last_seen) if s.finished]
+
+
+def _interrupted(out: RankOutput, interrupted: list[str]) -> int:
+    out.launcher_line(f"hvdkitrun: interrupted by {interrupted[0]}; job stopped.")
+    return 128 + signal.Signals[interrupted[0]].value
+
+
+def _outcome(
+    ended: processes.Ended, out: RankOutput, stall: float, interrupted, exited_ok
+) -> tuple[int, str | None]:
+    """Report how the attempt ended: (hvdkitrun's exit status, cause to restart for or None)."""
+    if interrupted:
+        return _interrupted(out, interrupted), None
+    if ended.stalled:
+        r, age = ended.stalled[0]
+        _report_rank(out, r, f"stalled (no progress for more than {stall:g} s)")
+        return EXIT_STALLED, f"rank {r} stalled (no heartbeat for {age:.0f} s)"
+    if ended.stuck:
+        out.launcher_line(f"hvdkitrun: {ended.stuck}. Stopped the job.")
+        return EXIT_STALLED, ended.stuck
+    code = ended.returncode
+    if code == 0:
+        return 0, None
+    named, why = failing_rank(out.launcher_lines)
+    blame = root_cause([] if named is None else [named], out.tails_by_rank(), exited_ok)
+    status = code if code > 0 else 1
+    if blame is None:
+        out.launcher_line(f"hvdkitrun: the job failed (horovodrun exit code {code}).")
+        return status, f"the job failed (horovodrun exit code {code})"
+    if blame.how:
+        out.launcher_line(
+            f"hvdkitrun: rank {named} ({why}) failed because rank {blame.rank} {blame.how}."
+        )
+        why = blame.how
+    _report_rank(out, blame.rank, f"failed ({why})")
+    return status, f"rank {blame.rank} {why}"
 
 
 def _report_rank(out: RankOutput, rank: int, what: str) -> None:
@@ -296,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     role = config.get(config.ROLE)
     try:
         if role:
-            from .rendezvous import main as role_main
+            from .roles import main as role_main
 
             return role_main(role, argv)
         return run(argv)

@@ -19,14 +19,6 @@ TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$")
 # Open MPI tags every write, so one print can carry tags in the middle too.
 INNER_TAG = re.compile(r"\[(?:\d+,)?\d+\]<(?:stdout|stderr)>:")
 TAIL_LINES = 20
-# What a healthy rank prints when its collective fails because a peer died:
-# Horovod's shutdown message, or Gloo's broken connection.
-FOLLOW_ON_FAILURES = ("Horovod has been shut down", "Connection closed by peer")
-
-
-def lost_a_peer(lines) -> bool:
-    """Whether a rank's last lines show it failed only because another rank went away."""
-    return any(marker in ln for ln in lines for marker in FOLLOW_ON_FAILURES)
 
 
 class RankOutput:
@@ -49,7 +41,7 @@ class RankOutput:
         if key not in self._files:
             path = self.log_dir / f"rank.{rank}" / stream
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[key] = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+            self._files[key] = open(path, "a", buffering=1)
         return self._files[key]
 
     def rank_line(self, rank: int, stream: str, text: str) -> None:
@@ -78,12 +70,19 @@ class RankOutput:
         else:
             self.launcher_line(line, default_stream)
 
-    def pump(self, pipe: IO[str], default_stream: str) -> threading.Thread:
-        """Read ``pipe`` to its end on a thread, feeding every line."""
+    def pump(self, pipe: IO[str], default_stream: str, rank: int | None = None) -> threading.Thread:
+        """Read ``pipe`` to its end on a thread.
+
+        With ``rank`` every line is that rank's (a worker's own program);
+        without, lines are a Horovod launcher's, tagged with their rank.
+        """
 
         def loop():
             for line in pipe:
-                self.feed(line, default_stream)
+                if rank is None:
+                    self.feed(line, default_stream)
+                else:
+                    self.rank_line(rank, default_stream, line.rstrip("\n"))
 
         t = threading.Thread(target=loop, daemon=True)
         t.start()
@@ -92,6 +91,17 @@ class RankOutput:
     def tail(self, rank: int, n: int = 10) -> list[str]:
         with self._lock:
             return list(self.tails.get(rank, ()))[-n:]
+
+    def tails_by_rank(self, n: int = TAIL_LINES) -> dict[int, list[str]]:
+        """The last ``n`` lines of every rank that printed any."""
+        with self._lock:
+            return {r: list(t)[-n:] for r, t in self.tails.items()}
+
+    def reset_tails(self) -> None:
+        """Forget the ranks' last lines and the launcher's lines (a new attempt begins)."""
+        with self._lock:
+            self.tails.clear()
+            self.launcher_lines.clear()
 
     def close(self) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""Stopping the processes of a job, by pid, within a bounded time."""
+"""Starting, supervising and stopping the processes of a job, by pid, within a bounded time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -74,6 +75,54 @@ def stop_signals() -> Iterator[list[str]]:
     finally:
         for s, handler in prev.items():
             signal.signal(s, handler)
+
+
+@dataclass
+class Ended:
+    """How a supervised program ended."""
+
+    returncode: int
+    stalled: list[tuple[int, float]] = field(default_factory=list)  # (rank, seconds silent)
+    stuck: str = ""  # ranks alive but waiting in different collectives (heartbeat.stuck_report)
+    reasons: list[str] = field(default_factory=list)  # why it was told to stop, if it was
+
+
+def supervise(
+    child: subprocess.Popen,
+    monitor,
+    stall_s: float,
+    stop_reasons: list[str],
+    *,
+    on_tick: Callable[[], None] | None = None,
+    on_stop: Callable[[list[tuple[int, float]]], None] | None = None,
+    poll_s: float = 0.25,
+) -> Ended:
+    """Wait for ``child``; stop its process group on a stall or once a stop reason appears.
+
+    The one supervise loop of ``hvdkitrun`` and of a worker. ``monitor`` is a
+    :class:`~hvdkit.launch.heartbeat.HeartbeatMonitor`; ``stop_reasons`` is
+    filled by other threads (signals, the scheduler's abort). ``on_tick`` runs
+    every poll; ``on_stop(stalled)`` runs before the group is stopped.
+    """
+    stalled: list[tuple[int, float]] = []
+    stuck = ""
+    while child.poll() is None:
+        if on_tick is not None:
+            on_tick()
+        stalled = monitor.silent_ranks(stall_s)
+        stuck = "" if stalled else monitor.stuck_report(stall_s)
+        if stalled or stuck or stop_reasons:
+            break
+        time.sleep(poll_s)
+    # Snapshot now: a reason that arrives after the program ended (e.g. the
+    # scheduler closing the connection once we report) did not stop it.
+    reasons = list(stop_reasons)
+    if child.poll() is None:
+        if on_stop is not None:
+            on_stop(stalled)
+        stop_group(child.pid)
+    child.wait()
+    return Ended(child.returncode, stalled, stuck=stuck, reasons=reasons)
 
 
 def stop(processes: list[psutil.Process], grace_s: float = 5.0) -> list[int]:

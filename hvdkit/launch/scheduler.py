@@ -5,14 +5,21 @@ the scheduler assigns ranks (contiguous per host, in order of arrival),
 starts Horovod's own Gloo rendezvous server, and hands every worker the
 ``HOROVOD_*`` settings Horovod's Gloo launcher would have given it. It then
 watches: the first worker that fails or disappears makes it tell all others to
-stop, and it exits non-zero naming that rank. This module and
+stop. Without restarts it then exits non-zero naming that rank; with
+``max_restarts`` it starts the job again (a new *round*: new rendezvous, same
+token) on the workers still connected, waiting for replacements of lost
+ones, or going on with ``min_workers`` or more. This module and
 :mod:`hvdkit.backends.horovod` are the only ones that import Horovod: this one
 for the launcher's rendezvous server, that one for the collectives.
+
+Messages (one JSON object per line, :mod:`hvdkit.launch.protocol`):
+scheduler -> worker ``assign`` (with ``round``), ``abort`` (with ``round``),
+``done`` (with the job's ``code``); worker -> scheduler ``register``,
+``exit`` (with ``round``).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import queue
 import socket
@@ -20,28 +27,38 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .. import config
 from ..errors import LaunchError
-from .output import lost_a_peer
+from . import protocol
+from .failures import root_cause
 from .protocol import Channel
+from .restart import RestartBudget, resume_step
 
 log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
 ABORT_WAIT_S = 30.0
+DEFAULT_REPLACE_TIMEOUT_S = 10.0
 
 
-def root_cause(failures: dict[int, tuple[str, list[str]]]) -> int:
-    """The failed rank to blame: one whose output does not show it lost a peer."""
-    primary = [r for r, (_, tail) in failures.items() if not lost_a_peer(tail)]
-    return min(primary) if primary else min(failures)
-
-
-@dataclass
+@dataclass(eq=False)
 class Registration:
     channel: Channel
     host: str  # the worker's address as the scheduler sees it: one per machine
     hostname: str
     pid: int
     rank: int = -1
+    gone: bool = False  # its connection closed: the worker (or its machine) is lost
+
+    def send(self, **msg) -> bool:
+        try:
+            self.channel.send(**msg)
+            return True
+        except OSError:
+            self.gone = True
+            return False
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.hostname} {self.host}"
 
 
 def assign_ranks(hosts_in_order: list[str], regs_by_host: dict[str, list]) -> list[dict]:
@@ -72,11 +89,59 @@ def assign_ranks(hosts_in_order: list[str], regs_by_host: dict[str, list]) -> li
     return out
 
 
+def layout_for(regs: list) -> list[dict]:
+    """:func:`assign_ranks` for workers in order (each with a ``host``): hosts in first-seen order.
+
+    After a worker is lost the remaining ones keep their order, so ranks are
+    renumbered contiguously per host without gaps.
+    """
+    hosts: list[str] = []
+    by_host: dict[str, list] = {}
+    for r in regs:
+        if r.host not in by_host:
+            hosts.append(r.host)
+            by_host[r.host] = []
+        by_host[r.host].append(r)
+    return assign_ranks(hosts, by_host)
+
+
+@dataclass
+class RoundResult:
+    """How one round of the job ended."""
+
+    culprit: int | None = None  # None: every rank finished with status 0
+    detail: str = ""
+    tail: tuple = ()
+
+    @property
+    def cause(self) -> str:
+        return f"rank {self.culprit} {self.detail}"
+
+
 class Scheduler:
-    def __init__(self, host: str, port: int, worker_num: int, token: str, timeout_s: float):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        worker_num: int,
+        token: str,
+        timeout_s: float,
+        *,
+        max_restarts: int = 0,
+        min_workers: int | None = None,
+        replace_timeout_s: float = DEFAULT_REPLACE_TIMEOUT_S,
+    ):
         if worker_num < 1:
             raise LaunchError(f"HVDKIT_WORKER_NUM={worker_num} must be at least 1.")
+        min_workers = worker_num if min_workers is None else min_workers
+        if not 1 <= min_workers <= worker_num:
+            raise LaunchError(
+                f"HVDKIT_MIN_WORKERS={min_workers} must be between 1 and HVDKIT_WORKER_NUM="
+                f"{worker_num}; lower it or raise HVDKIT_WORKER_NUM."
+            )
         self.worker_num, self.token, self.timeout_s = worker_num, token, timeout_s
+        self.min_workers, self.replace_timeout_s = min_workers, replace_timeout_s
+        self.budget = RestartBudget(max_restarts)
         self.host, self.port = host, port
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -88,9 +153,34 @@ class Scheduler:
                 "use this port: choose another HVDKIT_SCHED_PORT (and give it to the workers)."
             ) from None
         self.sock.listen(64)
+        # (registration, round or None if the connection was lost, code, detail, tail)
         self.events: queue.Queue = queue.Queue()
+        self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
+        self._closing = threading.Event()
+        self._admission: protocol.Admission | None = None  # started by _accept_one
 
     # ------------------------------------------------------------ registration
+    def _accept_one(self, timeout: float) -> Registration | None:
+        """One authenticated registration, or None (timeout, refused, broken).
+
+        Handshakes run concurrently in :class:`protocol.Admission` (challenge,
+        MAC check, refusals logged), so a slow or hostile client never holds
+        up a real worker.
+        """
+        if self._admission is None:
+            self._admission = protocol.Admission(self.sock, self.token)
+        got = self._admission.next(timeout)
+        if got is None:
+            return None
+        ch, hello, addr = got
+        try:
+            pid = int(hello.get("pid", -1))
+        except (TypeError, ValueError):
+            pid = -1
+        reg = Registration(ch, addr[0], str(hello.get("hostname", "?"))[:200], pid)
+        threading.Thread(target=self._listen, args=(reg,), daemon=True).start()
+        return reg
+
     def _accept_registrations(self) -> list[Registration]:
         regs: list[Registration] = []
         deadline = time.monotonic() + self.timeout_s
@@ -99,37 +189,15 @@ class Scheduler:
             if left <= 0:
                 where = ", ".join(f"{r.hostname} ({r.host}, pid {r.pid})" for r in regs) or "none"
                 for r in regs:
-                    r.channel.send(type="abort", reason="not all workers arrived")
+                    r.send(type="abort", round=0, reason="not all workers arrived")
                 raise LaunchError(
                     f"only {len(regs)} of {self.worker_num} workers registered within "
                     f"{self.timeout_s:g} s (arrived: {where}). Start the missing workers with "
                     "the same HVDKIT_SCHED_HOST/PORT and job token, or lower HVDKIT_WORKER_NUM."
                 )
-            self.sock.settimeout(min(left, 1.0))
-            try:
-                conn, addr = self.sock.accept()
-            except TimeoutError:
+            reg = self._accept_one(min(left, 1.0))
+            if reg is None:
                 continue
-            conn.settimeout(10)
-            ch = Channel(conn)
-            try:
-                msg = ch.recv() or {}
-            except OSError:
-                ch.close()
-                continue
-            conn.settimeout(None)
-            given = str(msg.get("token", ""))
-            if msg.get("type") != "register" or not hmac.compare_digest(
-                given.encode(), self.token.encode()
-            ):
-                reason = "bad job token" if msg.get("type") == "register" else "not a registration"
-                log.warning("refused a worker from %s:%d: %s", addr[0], addr[1], reason)
-                try:
-                    ch.send(type="refused", reason=reason)
-                finally:
-                    ch.close()
-                continue
-            reg = Registration(ch, addr[0], str(msg.get("hostname", "?")), int(msg.get("pid", -1)))
             regs.append(reg)
             log.info(
                 "worker %d/%d registered from %s (%s, pid %d)",
@@ -141,28 +209,114 @@ class Scheduler:
             )
         return regs
 
+    def _accept_newcomers(self) -> None:
+        """After the first round: workers that come to replace lost ones wait here."""
+        while not self._closing.is_set():
+            reg = self._accept_one(1.0)
+            if reg is not None:
+                log.info("worker registered from %s (%s, pid %d)", reg.hostname, reg.host, reg.pid)
+                self.newcomers.put(reg)
+
     # ------------------------------------------------------------ the job
     def run(self) -> int:
-        from horovod.runner.common.util.hosts import SlotInfo
-        from horovod.runner.http.http_server import RendezvousServer
-
         log.info(
             "scheduler listening on %s:%d for %d workers", self.host, self.port, self.worker_num
         )
         try:
             regs = self._accept_registrations()
-        finally:
+        except BaseException:
+            self.sock.close()
+            raise
+        if self.budget.limit == 0:
             # A late or surplus worker is refused at once instead of waiting
             # on a socket nobody accepts from.
             self.sock.close()
-        hosts: list[str] = []
-        by_host: dict[str, list[Registration]] = {}
+        else:
+            threading.Thread(target=self._accept_newcomers, daemon=True).start()
+        everyone = list(regs)
+        try:
+            while True:
+                result = self._round(regs, self.budget.restarts)
+                if result.culprit is None:
+                    log.info("all %d ranks finished successfully", len(regs))
+                    return self._finish(everyone, 0)
+                delay = self.budget.record(result.cause)
+                shown = "\n".join(f"    {ln}" for ln in result.tail) or "    (no output)"
+                if delay is None:
+                    log.error("job failed: %s; its last lines:\n%s", result.cause, shown)
+                    if self.budget.limit:
+                        log.error("%s", self.budget.summary())
+                    return self._finish(everyone, 1)
+                log.error("round failed: %s; its last lines:\n%s", result.cause, shown)
+                checkpoints = resume_step(config.get(config.CHECKPOINT_DIR))
+                log.warning("%s", self.budget.restart_line("scheduler", checkpoints))
+                time.sleep(delay)
+                try:
+                    regs = self._gather([r for r in regs if not r.gone])
+                except LaunchError as exc:
+                    log.error("job failed: %s", exc)
+                    log.error("%s", self.budget.summary())
+                    return self._finish(everyone, 1)
+                everyone.extend(r for r in regs if r not in everyone)
+        finally:
+            self._closing.set()
+            self.sock.close()
+            for r in everyone:
+                r.channel.close()
+
+    def _finish(self, regs: list[Registration], code: int) -> int:
+        while True:  # workers waiting to replace someone are told too
+            try:
+                regs.append(self.newcomers.get_nowait())
+            except queue.Empty:
+                break
         for r in regs:
-            if r.host not in by_host:
-                hosts.append(r.host)
-                by_host[r.host] = []
-            by_host[r.host].append(r)
-        layout = assign_ranks(hosts, by_host)
+            if not r.gone:
+                r.send(type="done", code=code)
+        return code
+
+    def _gather(self, alive: list[Registration]) -> list[Registration]:
+        """The workers of the next round: those left, plus replacements that register.
+
+        Waits up to the registration timeout for replacements while fewer than
+        ``min_workers`` are left, else up to the (shorter) replacement timeout.
+        """
+        regs = list(alive)
+        start = time.monotonic()
+        while True:
+            regs = [r for r in regs if not r.gone]
+            if len(regs) >= self.worker_num:
+                break
+            wait = self.timeout_s if len(regs) < self.min_workers else self.replace_timeout_s
+            left = start + wait - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                regs.append(self.newcomers.get(timeout=min(left, 1.0)))
+            except queue.Empty:
+                continue
+        if len(regs) < self.min_workers:
+            raise LaunchError(
+                f"only {len(regs)} worker(s) left after the failure and none came to replace the "
+                f"lost ones within {self.timeout_s:g} s; the job needs at least "
+                f"HVDKIT_MIN_WORKERS={self.min_workers}. Start replacement workers with the same "
+                "job token, or lower HVDKIT_MIN_WORKERS."
+            )
+        if len(regs) < self.worker_num:
+            log.warning(
+                "continuing on %d of %d workers (HVDKIT_MIN_WORKERS=%d)",
+                len(regs),
+                self.worker_num,
+                self.min_workers,
+            )
+        return regs
+
+    def _round(self, regs: list[Registration], round_: int) -> RoundResult:
+        from horovod.runner.common.util.hosts import SlotInfo
+
+        from .guard import GuardedRendezvous
+
+        layout = layout_for(regs)
         plan = [
             SlotInfo(
                 hostname=f"host{a['host_index']}",
@@ -175,7 +329,8 @@ class Scheduler:
             )
             for a in layout
         ]
-        server = RendezvousServer()
+        # Horovod's server, bound to our address, serving only registered workers.
+        server = GuardedRendezvous(self.host, {r.host for r in regs})
         rdv_port = server.start()
         server.init(plan)
         try:
@@ -183,75 +338,103 @@ class Scheduler:
                 reg = a.pop("reg")
                 reg.rank = a["rank"]
                 a["hostname"] = f"host{a.pop('host_index')}"
-                reg.channel.send(type="assign", rendezvous_port=rdv_port, **a)
+                reg.send(type="assign", rendezvous_port=rdv_port, round=round_, **a)
             log.info(
-                "assigned %d ranks on %d host(s); rendezvous on port %d",
+                "assigned %d ranks on %d host(s); rendezvous on port %d%s",
                 len(regs),
-                len(hosts),
+                len({r.host for r in regs}),
                 rdv_port,
+                f" (restart {round_})" if round_ else "",
             )
-            return self._watch(regs)
+            return self._watch(regs, round_)
         finally:
             server.stop()
-            for r in regs:
-                r.channel.close()
 
-    def _watch(self, regs: list[Registration]) -> int:
-        for reg in regs:
-            threading.Thread(target=self._listen, args=(reg,), daemon=True).start()
-        remaining = {r.rank for r in regs}
-        failures: dict[int, tuple[str, list[str]]] = {}
+    def _watch(self, regs: list[Registration], round_: int) -> RoundResult:
+        remaining = {r: r.rank for r in regs}
+        failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
+        exited_ok: list[int] = []
         grace_until = None
+        # A worker lost before its listener saw this round's assignment.
+        for r in regs:
+            if r.gone:
+                self.events.put((r, None, -1, self._lost(r), []))
         while remaining:
             timeout = None if grace_until is None else max(0.0, grace_until - time.monotonic())
             try:
-                rank, code, detail, tail = self.events.get(timeout=timeout)
+                reg, rnd, code, detail, tail = self.events.get(timeout=timeout)
             except queue.Empty:
                 break  # grace over: stop the rest
-            remaining.discard(rank)
-            if code != 0:
-                failures[rank] = (detail, tail)
-                if grace_until is None:
-                    # Other ranks usually fail right after the real culprit;
-                    # collect them briefly so the report names the right one.
-                    grace_until = time.monotonic() + FAILURE_GRACE_S
-        if failures:
-            culprit = root_cause(failures)
-            detail, tail = failures[culprit]
-            log.error("rank %d failed: %s; stopping the other workers", culprit, detail)
-            for r in regs:
-                if r.rank in remaining:
-                    try:
-                        r.channel.send(type="abort", reason=f"rank {culprit} failed: {detail}")
-                    except OSError:
-                        pass
-            deadline = time.monotonic() + ABORT_WAIT_S
-            while remaining and time.monotonic() < deadline:
-                try:
-                    rank, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-                    remaining.discard(rank)
-                except queue.Empty:
-                    break
-            shown = "\n".join(f"    {ln}" for ln in tail) or "    (no output)"
-            log.error("job failed: rank %d %s; its last lines:\n%s", culprit, detail, shown)
-            if remaining:
-                log.error("ranks %s did not report after being told to stop", sorted(remaining))
-            return 1
-        log.info("all %d ranks finished successfully", len(regs))
-        return 0
+            if reg not in remaining or (rnd is not None and rnd != round_):
+                continue  # a late report of an earlier round
+            rank = remaining.pop(reg)
+            if code == 0:
+                if not failures:
+                    exited_ok.append(rank)
+                continue
+            failures[rank] = (detail, tail)
+            if grace_until is None:
+                # Other ranks usually fail right after the real culprit;
+                # collect them briefly so the report names the right one.
+                grace_until = time.monotonic() + FAILURE_GRACE_S
+        if not failures:
+            return RoundResult()
+        tails = {rank: tail for rank, (_, tail) in failures.items()}
+        blame = root_cause(list(failures), tails, exited_ok)
+        culprit = blame.rank
+        detail, tail = failures.get(culprit, (blame.how, []))
+        log.error("rank %d failed: %s; stopping the other workers", culprit, detail)
+        for r in remaining:
+            r.send(type="abort", round=round_, reason=f"rank {culprit} failed: {detail}")
+        deadline = time.monotonic() + ABORT_WAIT_S
+        while remaining and time.monotonic() < deadline:
+            try:
+                reg, rnd, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if reg in remaining and (rnd is None or rnd == round_):
+                remaining.pop(reg)
+        if remaining:
+            log.error(
+                "ranks %s did not report after being told to stop", sorted(remaining.values())
+            )
+            for r in remaining:  # not trusted with another round
+                r.gone = True
+                r.channel.close()
+        return RoundResult(culprit, detail, tuple(tail))
+
+    @staticmethod
+    def _lost(reg: Registration) -> str:
+        return f"lost its worker ({reg.describe()}) without an exit report"
 
     def _listen(self, reg: Registration) -> None:
         while True:
             try:
                 msg = reg.channel.recv()
-            except OSError:
+            except (OSError, ValueError):
                 msg = None
             if msg is None:
-                lost = f"lost its worker (pid {reg.pid} on {reg.hostname} {reg.host})"
-                self.events.put((reg.rank, -1, f"{lost} without an exit report", []))
+                reg.gone = True
+                self.events.put((reg, None, -1, self._lost(reg), []))
                 return
             if msg.get("type") == "exit":
-                code = int(msg.get("code", -1))
-                detail = str(msg.get("detail", f"exit code {code}"))
-                self.events.put((reg.rank, code, detail, list(msg.get("tail", []))))
-                return
+                self.events.put((reg, *_exit_report(msg)))
+
+
+def _exit_report(msg: dict) -> tuple:
+    """``(round, code, detail, tail)`` of a worker's exit message.
+
+    A malformed report (e.g. a worker of another hvdkit version) counts as a
+    failure with what could be read; it must not end the listening thread,
+    which would leave the scheduler waiting for this worker forever.
+    """
+    try:
+        code = int(msg.get("code", -1))
+    except (TypeError, ValueError):
+        code = -1
+        detail = f"sent a malformed exit report ({str(msg)[:200]})"
+    else:
+        detail = str(msg.get("detail", f"exit code {code}"))
+    tail = msg.get("tail", [])
+    tail = [str(line) for line in tail] if isinstance(tail, list) else []
+    return msg.get("round"), code, detail, tail

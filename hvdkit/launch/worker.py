@@ -2,14 +2,16 @@
 
 Registers with the scheduler, receives its rank and Horovod's Gloo
 rendezvous settings, runs the training command with them, reports how it
-ended, and stops it if the scheduler says another rank failed.
+ended, and stops it if the scheduler says another rank failed. When the
+scheduler restarts the job the worker runs the command again with the new
+round's settings (``HVDKIT_RESTART_COUNT`` tells the program which round).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
+import queue
 import socket
 import threading
 import time
@@ -18,7 +20,8 @@ import psutil
 
 from .. import _compat, config
 from ..errors import LaunchError
-from . import processes
+from . import processes, protocol
+from .failures import describe_exit
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .protocol import Channel
@@ -79,20 +82,94 @@ def run_worker(
     timeout_s: float,
     log_dir: str | None,
 ) -> int:
-    """Register, run ``command`` as the assigned rank, report; returns the exit status."""
+    """Register, then run ``command`` once per round the scheduler assigns; returns the status.
+
+    One round without restarts. After reporting how its program ended the
+    worker waits for the scheduler's next word: a new ``assign`` (the job
+    restarts) or ``done`` with the job's status.
+    """
     _compat.check_gloo_hostname(sched_host)
     stall = stall_timeout()  # bad settings fail here, before this worker counts as arrived
     ch = connect(sched_host, sched_port, timeout_s)
     try:
-        assign = _register(ch, token, sched_host, sched_port)
-        return _run_program(ch, assign, sched_host, token, command, stall, log_dir)
+        msg = _register(ch, token, sched_host, sched_port)
+        inbox = _Inbox(ch)
+        out = RankOutput(log_dir)
+        code = 1
+        try:
+            with processes.stop_signals() as signals:
+                while msg is not None and msg.get("type") != "done":
+                    if msg.get("type") == "assign":
+                        code = _run_program(
+                            ch, inbox, msg, sched_host, token, command, stall, out, signals
+                        )
+                        if signals:
+                            return 1
+                    msg = inbox.next()
+        finally:
+            out.close()
+        if msg is None:  # the scheduler is gone: our own account is all there is
+            return code
+        job = int(msg.get("code", 1))
+        return 0 if job == 0 else (code if code > 0 else 1)
     finally:
         ch.close()
 
 
+class _Inbox:
+    """Reads the scheduler's messages on a thread for the worker's whole life.
+
+    ``abort`` for the round being run goes to that round's stop reasons (as
+    does a lost connection); everything else is queued for :meth:`next`.
+    """
+
+    def __init__(self, ch: Channel):
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._round: tuple[int, list[str]] | None = None
+        threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
+
+    def _loop(self, ch: Channel) -> None:
+        while True:
+            try:
+                msg = ch.recv()
+            except (OSError, ValueError):
+                msg = None
+            with self._lock:
+                if msg is None:
+                    if self._round is not None:
+                        self._round[1].append("lost the connection to the scheduler")
+                    self._queue.put(None)
+                    return
+                if msg.get("type") == "abort":
+                    if self._round is not None and msg.get("round", 0) == self._round[0]:
+                        self._round[1].append(str(msg.get("reason")))
+                    continue  # a late abort of a round that already ended
+                self._queue.put(msg)
+
+    def running(self, round_: int | None, reasons: list[str] | None = None) -> None:
+        """Route aborts of ``round_`` to ``reasons`` (``None``: no program is running)."""
+        with self._lock:
+            self._round = None if round_ is None else (round_, reasons)
+
+    def next(self) -> dict | None:
+        return self._queue.get()
+
+
 def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict:
-    ch.send(type="register", token=token, hostname=socket.gethostname(), pid=os.getpid())
-    msg = ch.recv()
+    # The token is never sent: we answer the scheduler's challenge with a MAC
+    # and from then on accept only messages signed by it (protocol.register).
+    try:
+        protocol.register(
+            ch,
+            token,
+            time.monotonic() + protocol.HANDSHAKE_TIMEOUT_S,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        msg = ch.recv()
+    except (protocol.Refused, TimeoutError, OSError) as exc:
+        msg = {"type": "refused", "reason": str(exc) or type(exc).__name__}
     if msg is None or msg.get("type") == "refused":
         reason = (msg or {}).get("reason", "connection closed")
         raise LaunchError(
@@ -101,115 +178,90 @@ def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict
         )
     if msg.get("type") == "abort":
         raise LaunchError(f"the scheduler stopped the job before it started: {msg.get('reason')}")
-    if msg.get("type") != "assign":
+    if msg.get("type") not in ("assign", "done"):
         raise LaunchError(f"unexpected message from the scheduler: {msg}")
     return msg
 
 
-def _report(ch: Channel, code: int, detail: str, tail: list[str]) -> None:
+def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -> None:
     try:
-        ch.send(type="exit", code=code, detail=detail, tail=tail)
+        ch.send(type="exit", round=round_, code=code, detail=detail, tail=tail)
     except OSError:
         pass  # the scheduler is gone; it has its own account of this rank
 
 
-def _describe_exit(code: int) -> str:
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def _run_program(ch, assign, sched_host, token, command, stall, log_dir) -> int:
-    rank = assign["rank"]
+def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, signals) -> int:
+    """Run ``command`` as the rank of one round, report how it ended; returns its status."""
+    rank, round_ = assign["rank"], int(assign.get("round", 0))
     try:
         iface = interface_for(ch.sock.getsockname()[0])
     except LaunchError as exc:
-        _report(ch, 1, str(exc), [])
+        _report(ch, round_, 1, str(exc), [])
         raise
     env = processes.program_env({k: v for k, v in os.environ.items() if k not in _ROLE_VARS})
     env.update(horovod_env(assign, sched_host, iface))
+    env[config.RESTART_COUNT] = str(round_)
     for key, value in horovod_stall_env(stall).items():  # alive but stuck, not frozen
         env.setdefault(key, value)
     log.info(
-        "rank %d of %d (local %d of %d) on %s",
+        "rank %d of %d (local %d of %d) on %s%s",
         rank,
         assign["size"],
         assign["local_rank"],
         assign["local_size"],
         iface,
+        f", restart {round_}" if round_ else "",
     )
     # The program's heartbeats come to this worker (same machine), which stops
     # a frozen program after the stall timeout and reports it.
     monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
     env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
     env[config.JOB_TOKEN] = token
+    reasons: list[str] = []
+    inbox.running(round_, reasons)
 
-    out = RankOutput(log_dir)
+    def on_tick():
+        if signals and not reasons:
+            reasons.append(f"received {signals[0]}")
+
+    def on_stop(stalled):
+        if stalled:
+            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled[0][1])
+
     try:
-        with processes.stop_signals() as stop_reasons:
-            try:
-                child = processes.spawn(command, env)
-            except OSError as exc:
-                detail = f"cannot start {command[0]!r}: {exc.strerror}"
-                _report(ch, 127, detail, [])
-                raise LaunchError(detail) from None
-            code, stalled, reasons = _supervise(ch, child, monitor, out, rank, stall, stop_reasons)
+        try:
+            child = processes.spawn(command, env)
+        except OSError as exc:
+            detail = f"cannot start {command[0]!r}: {exc.strerror}"
+            _report(ch, round_, 127, detail, [])
+            raise LaunchError(detail) from None
+        pumps = [
+            out.pump(child.stdout, "stdout", rank=rank),
+            out.pump(child.stderr, "stderr", rank=rank),
+        ]
+        ended = processes.supervise(
+            child, monitor, stall, reasons, on_tick=on_tick, on_stop=on_stop
+        )
+        for t in pumps:
+            t.join(timeout=5)
     finally:
+        inbox.running(None)
         monitor.close()
-        out.close()
-    if stalled is not None:
-        detail = f"stalled: no heartbeat for {stalled:.0f} s (stall timeout {stall:g} s)"
+    code = ended.returncode
+    if ended.stalled:
+        silent = ended.stalled[0][1]
+        detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"
+        code = code if code > 0 else 1
+    elif ended.stuck:
+        detail = ended.stuck
+        log.error("rank %d stopped: %s", rank, detail)
         code = code if code > 0 else 1
     else:
-        detail = _describe_exit(code)
-    if reasons and stalled is None:
-        log.error("rank %d stopped: %s", rank, reasons[0])
-    _report(ch, code, detail, out.tail(rank))
+        detail = describe_exit(code)
+    if ended.reasons and not ended.stalled:
+        log.error("rank %d stopped: %s", rank, ended.reasons[0])
+    _report(ch, round_, code, detail, out.tail(rank))
+    out.reset_tails()
     if code == 0:
-        return 1 if reasons else 0
+        return 1 if ended.reasons else 0
     return code if code > 0 else 1
-
-
-def _supervise(ch, child, monitor, out, rank, stall, stop_reasons):
-    """Relay output; stop the program on a stall, a signal, an abort or a lost scheduler.
-
-    Returns ``(exit code, seconds silent if it stalled else None, stop reasons)``.
-    """
-    pumps = [_pump(out, rank, child.stdout, "stdout"), _pump(out, rank, child.stderr, "stderr")]
-
-    def listen():
-        m = ch.recv() if child.poll() is None else None
-        if m is None:
-            stop_reasons.append("lost the connection to the scheduler")
-        elif m.get("type") == "abort":
-            stop_reasons.append(str(m.get("reason")))
-
-    threading.Thread(target=listen, daemon=True).start()
-    stalled = None
-    while child.poll() is None:
-        silent = monitor.silent_ranks(stall)
-        if silent and stalled is None:
-            stalled = silent[0][1]
-            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled)
-        if stalled is not None or stop_reasons:
-            processes.stop_group(child.pid)
-        time.sleep(0.25)
-    # Snapshot now: once we report, the scheduler may close the connection,
-    # which the listener would otherwise record as a reason.
-    reasons = list(stop_reasons)
-    for t in pumps:
-        t.join(timeout=5)
-    return child.returncode, stalled, reasons
-
-
-def _pump(out: RankOutput, rank: int, pipe, stream: str) -> threading.Thread:
-    def loop():
-        for line in pipe:
-            out.rank_line(rank, stream, line.rstrip("\n"))
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    return t

@@ -1,9 +1,14 @@
-"""Scheduler/worker roles, configured by environment as in MindSpore's tutorials.
+"""Role dispatch for ``HVDKIT_ROLE=scheduler|worker hvdkitrun``; its settings from the env.
 
-    HVDKIT_ROLE=scheduler HVDKIT_WORKER_NUM=8 HVDKIT_SCHED_HOST=10.0.0.1 \
-        HVDKIT_SCHED_PORT=29500 hvdkitrun
-    HVDKIT_ROLE=worker HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_SCHED_PORT=29500 \
-        HVDKIT_JOB_TOKEN=... hvdkitrun python train.py
+Configured as in MindSpore's tutorials (the port defaults to
+``config.DEFAULT_SCHED_PORT``)::
+
+    HVDKIT_ROLE=scheduler HVDKIT_WORKER_NUM=8 HVDKIT_SCHED_HOST=10.0.0.1 hvdkitrun
+    HVDKIT_ROLE=worker HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_JOB_TOKEN=... hvdkitrun python train.py
+
+With ``HVDKIT_MAX_RESTARTS=N`` the scheduler restarts a failed job up to N
+times; ``HVDKIT_MIN_WORKERS=M`` lets it go on with M or more workers when
+others are lost for good (see :mod:`hvdkit.launch.scheduler`).
 
 MindSpore's ``MS_ROLE``, ``MS_WORKER_NUM``, ``MS_SCHED_HOST`` and
 ``MS_SCHED_PORT`` are accepted as aliases. ``examples/cluster/run_scheduler.sh`` and
@@ -20,8 +25,8 @@ import sys
 
 from .. import config
 from ..errors import LaunchError
+from .restart import max_restarts
 
-DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -55,9 +60,12 @@ def _write_token_file(path: str, token: str) -> None:
 
 
 def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
-    from .scheduler import Scheduler
+    from .scheduler import DEFAULT_REPLACE_TIMEOUT_S, Scheduler
 
     worker_num = _int_setting(config.WORKER_NUM, None)
+    min_workers = _int_setting(config.MIN_WORKERS, worker_num)
+    replace_timeout = _float_setting(config.REPLACE_TIMEOUT, DEFAULT_REPLACE_TIMEOUT_S)
+    restarts = max_restarts()
     token_file = config.get(config.TOKEN_FILE)
     if token is None:
         token = secrets.token_hex(16)
@@ -66,7 +74,16 @@ def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> i
         else:
             shown = f"{token}  (give it to every worker as HVDKIT_JOB_TOKEN)"
         print(f"[scheduler] job token: {shown}", file=sys.stderr, flush=True)
-    sched = Scheduler(host, port, worker_num, token, timeout)  # fails early if the port is taken
+    sched = Scheduler(  # fails early if the port is taken
+        host,
+        port,
+        worker_num,
+        token,
+        timeout,
+        max_restarts=restarts,
+        min_workers=min_workers,
+        replace_timeout_s=replace_timeout,
+    )
     if token_file:
         _write_token_file(token_file, token)
     try:
@@ -84,7 +101,7 @@ def main(role: str, argv: list[str] | None = None) -> int:
         argv = argv[1:]
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", stream=sys.stderr)
     host = config.get(config.SCHED_HOST, "127.0.0.1")
-    port = _int_setting(config.SCHED_PORT, DEFAULT_PORT)
+    port = _int_setting(config.SCHED_PORT, config.DEFAULT_SCHED_PORT)
     timeout = _float_setting(config.SCHED_TIMEOUT, DEFAULT_TIMEOUT_S)
     token = config.get(config.JOB_TOKEN)
     if role == "scheduler":

@@ -1,0 +1,274 @@
+"""The launcher's pure logic, without processes: planning, failing-rank choice, rank
+assignment, root cause, restart budget, resume step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hvdkit import config
+from hvdkit.errors import LaunchError
+from hvdkit.launch import cli, restart
+from hvdkit.launch.failures import Blame, describe_exit, failing_rank, lost_a_peer, root_cause
+from hvdkit.launch.scheduler import assign_ranks, layout_for
+
+# ------------------------------------------------------------------ planning (-np, -H, ...)
+
+
+def args(**kw) -> argparse.Namespace:
+    base = dict(np=None, nproc_per_node=None, hosts=None, hostfile=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (dict(np=2), (2, [("localhost", 2)])),
+        (dict(nproc_per_node=3), (3, [("localhost", 3)])),
+        (dict(hosts="a:2,b:2"), (4, [("a", 2), ("b", 2)])),
+        (dict(np=3, hosts="a:2,b:2"), (3, [("a", 2), ("b", 2)])),
+        (dict(nproc_per_node=4, hosts="a:1,b:1"), (8, [("a", 4), ("b", 4)])),
+        (dict(np=8, nproc_per_node=4, hosts="a:1,b:1"), (8, [("a", 4), ("b", 4)])),
+    ],
+)
+def test_plan(given, expected):
+    assert cli.plan(args(**given)) == expected
+
+
+def test_plan_reads_a_hostfile(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("a slots=2  # first\n\nb:3\n")
+    assert cli.plan(args(hostfile=str(f))) == (5, [("a", 2), ("b", 3)])
+
+
+@pytest.mark.parametrize(
+    "given, fragment",
+    [
+        (dict(), "say how many processes"),
+        (dict(np=3, hosts="localhost:2"), "more than the 2 slots"),
+        (dict(np=4, nproc_per_node=2), "conflicts with --nproc-per-node"),
+        (dict(hosts="a"), "needs a slot count"),
+        (dict(hosts="a:0"), "needs a slot count"),
+        (dict(nproc_per_node=0), "must be >= 1"),
+        (dict(hosts="a:1", hostfile="f"), "not both"),
+        (dict(hostfile="/nonexistent/hosts"), "cannot read --hostfile"),
+    ],
+)
+def test_plan_errors_name_the_value(given, fragment):
+    with pytest.raises(LaunchError, match=fragment):
+        cli.plan(args(**given))
+
+
+# ------------------------------------------------------------------ failing-rank choice
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        (["Process 1 exit with status code 137."], (1, "exit code 137")),
+        (
+            [
+                "mpirun noticed that process rank 0 with PID 4242 on node vm exited on signal 9 "
+                "(Killed)."
+            ],
+            (0, "signal 9"),
+        ),
+        (
+            ["  Process name: [[5196,1],1]", "  Exit code:    3"],
+            (1, "exit code 3"),
+        ),
+        (
+            ["process rank 1 with PID 77 on node vm exiting", "improperly. There are three"],
+            (1, "ended without finishing MPI (e.g. os._exit)"),
+        ),
+        (
+            ["Stalled ranks:", "0: [allreduce.x] Missing ranks: 1, 2"],
+            (1, "stalled: Horovod reported it missing from a collective"),
+        ),
+        (["all is well"], (None, "")),
+    ],
+)
+def test_failing_rank_from_launcher_lines(lines, expected):
+    assert failing_rank(lines) == expected
+
+
+def test_an_explicit_exit_report_wins_over_a_stall_report():
+    lines = ["Missing ranks: 0", "Process 1 exit with status code 1"]
+    assert failing_rank(lines) == (1, "exit code 1")
+
+
+def test_describe_exit():
+    assert describe_exit(0) == "exit code 0"
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-9) == "killed by signal 9 (SIGKILL)"
+    assert describe_exit(-19) == "killed by signal 19 (SIGSTOP)"
+    assert describe_exit(-200) == "killed by signal 200"
+
+
+# ------------------------------------------------------------------ root cause (one rule)
+
+LOST = ["step 3", "RuntimeError: Horovod has been shut down. This was caused by ..."]
+GLOO_LOST = ["[../third_party/gloo/...] Connection closed by peer [127.0.0.1]:1234"]
+OWN = ["step 3", "ValueError: bad batch"]
+
+
+def test_lost_a_peer():
+    assert lost_a_peer(LOST) and lost_a_peer(GLOO_LOST)
+    assert not lost_a_peer(OWN) and not lost_a_peer([])
+
+
+def test_the_first_rank_that_failed_on_its_own_is_blamed():
+    assert root_cause([1], {0: LOST, 1: OWN}) == Blame(1)
+    assert root_cause([0, 1, 2], {0: LOST, 1: OWN, 2: OWN}) == Blame(1)
+    assert root_cause([2, 1], {1: OWN, 2: OWN}) == Blame(2)  # order given, not rank order
+
+
+def test_mpirun_naming_a_follow_on_failure_is_corrected():
+    # mpirun named rank 0, which only lost rank 1; rank 1 died silently.
+    blame = root_cause([0], {0: LOST, 1: ["step 3"]})
+    assert blame == Blame(1, "went away first; the others then lost it")
+
+
+def test_a_rank_exiting_0_while_others_run_is_blamed():
+    blame = root_cause([0], {0: LOST, 1: ["done"]}, exited_ok=[1])
+    assert blame == Blame(1, "exited 0 while the other ranks still ran; they then lost it")
+
+
+def test_a_rank_that_finished_is_not_blamed_for_a_real_failure():
+    assert root_cause([0], {0: OWN, 1: ["done"]}, exited_ok=[1]) == Blame(0)
+
+
+def test_ambiguous_follow_on_failures_fall_back_to_the_first_reported():
+    # two silent candidates: no guess
+    assert root_cause([0], {0: LOST, 1: ["a"], 2: ["b"]}) == Blame(0)
+    assert root_cause([2, 0], {0: LOST, 2: GLOO_LOST}) == Blame(2)
+
+
+def test_no_failed_rank_means_no_blame():
+    assert root_cause([], {0: OWN}) is None
+
+
+# ------------------------------------------------------------------ rank assignment
+
+
+def test_assign_ranks_contiguous_per_host_with_cross_ranks():
+    by_host = {"a": ["a0", "a1"], "b": ["b0"], "c": ["c0", "c1"]}
+    layout = assign_ranks(["a", "b", "c"], by_host)
+    got = [
+        (
+            d["reg"],
+            d["rank"],
+            d["size"],
+            d["local_rank"],
+            d["local_size"],
+            d["cross_rank"],
+            d["cross_size"],
+            d["host_index"],
+        )
+        for d in layout
+    ]
+    assert got == [
+        ("a0", 0, 5, 0, 2, 0, 3, 0),
+        ("a1", 1, 5, 1, 2, 0, 2, 0),
+        ("b0", 2, 5, 0, 1, 1, 3, 1),
+        ("c0", 3, 5, 0, 2, 2, 3, 2),
+        ("c1", 4, 5, 1, 2, 1, 2, 2),
+    ]
+
+
+def w(name, host):
+    return SimpleNamespace(name=name, host=host)
+
+
+def test_layout_keeps_arrival_order_and_renumbers_after_a_loss():
+    a0, b0, a1, b1 = w("a0", "A"), w("b0", "B"), w("a1", "A"), w("b1", "B")
+    first = layout_for([a0, b0, a1, b1])
+    assert [(d["reg"].name, d["rank"], d["local_rank"]) for d in first] == [
+        ("a0", 0, 0),
+        ("a1", 1, 1),
+        ("b0", 2, 0),
+        ("b1", 3, 1),
+    ]
+    # host A's first worker is lost for good: ranks stay contiguous per host
+    after = layout_for([b0, a1, b1])
+    assert [
+        (d["reg"].name, d["rank"], d["size"], d["local_rank"], d["local_size"]) for d in after
+    ] == [("b0", 0, 3, 0, 2), ("b1", 1, 3, 1, 2), ("a1", 2, 3, 0, 1)]
+    assert [d["cross_size"] for d in after] == [2, 1, 2]
+    # a replacement appended at the end joins its host's block
+    a2 = w("a2", "A")
+    again = layout_for([b0, a1, b1, a2])
+    assert [(d["reg"].name, d["rank"]) for d in again] == [
+        ("b0", 0),
+        ("b1", 1),
+        ("a1", 2),
+        ("a2", 3),
+    ]
+
+
+# ------------------------------------------------------------------ restart budget
+
+
+def test_budget_zero_never_restarts_and_reports_the_one_cause():
+    b = restart.RestartBudget(0)
+    assert b.restarts == 0
+    assert b.record("rank 1 exit code 3") is None
+    assert b.summary() == "attempt 1: rank 1 exit code 3"
+
+
+def test_budget_grants_n_restarts_with_growing_backoff_then_lists_every_cause():
+    b = restart.RestartBudget(2)
+    assert b.record("rank 1 killed by signal 9 (SIGKILL)") == 1.0
+    assert b.restarts == 1
+    line = b.restart_line("hvdkitrun", 40)
+    assert line == (
+        "hvdkitrun: restart 1/2 after rank 1 killed by signal 9 (SIGKILL); "
+        "resuming from checkpoint step 40."
+    )
+    assert b.record("rank 0 stalled (no heartbeat for 21 s)") == 2.0
+    assert b.restarts == 2
+    assert "restart 2/2 after rank 0 stalled" in b.restart_line("scheduler", None)
+    assert b.record("rank 1 exit code 3") is None
+    assert b.restarts == 2
+    assert b.summary() == (
+        "gave up after 3 failed attempts (2 restarts): "
+        "attempt 1: rank 1 killed by signal 9 (SIGKILL); "
+        "attempt 2: rank 0 stalled (no heartbeat for 21 s); attempt 3: rank 1 exit code 3"
+    )
+
+
+def test_backoff_is_short_and_capped():
+    assert [restart.backoff_s(n) for n in range(1, 7)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+def test_max_restarts_from_argument_env_or_default(monkeypatch):
+    monkeypatch.delenv(config.MAX_RESTARTS, raising=False)
+    assert restart.max_restarts() == 0
+    monkeypatch.setenv(config.MAX_RESTARTS, "3")
+    assert restart.max_restarts() == 3
+    assert restart.max_restarts(1) == 1  # the argument wins
+    monkeypatch.setenv(config.MAX_RESTARTS, "two")
+    with pytest.raises(LaunchError, match="HVDKIT_MAX_RESTARTS='two' is not a whole number"):
+        restart.max_restarts()
+    with pytest.raises(LaunchError, match="--max-restarts -1 must be >= 0"):
+        restart.max_restarts(-1)
+
+
+# ------------------------------------------------------------------ resume step
+
+
+def test_resume_step_is_the_newest_complete_manifest(tmp_path):
+    assert restart.resume_step(None) is None
+    assert restart.resume_step(tmp_path / "missing") is None
+    assert restart.resume_step(tmp_path) is None
+    (tmp_path / "ckpt-10").mkdir()
+    (tmp_path / "ckpt-10" / "manifest.json").write_text(json.dumps({"step": 10}))
+    (tmp_path / "ckpt-30").mkdir()
+    (tmp_path / "ckpt-30" / "manifest.json").write_text('{"step": 30, "comp')  # torn
+    (tmp_path / "ckpt-20.json").write_text(json.dumps({"step": 20}))
+    (tmp_path / "ckpt-40.json").write_text(json.dumps({"step": 40, "complete": False}))
+    (tmp_path / "other.json").write_text(json.dumps(["not", "a", "manifest"]))
+    assert restart.resume_step(tmp_path) == 20
