@@ -103,14 +103,19 @@ def init(backend: str | None = None, **kwargs) -> None:
         from . import optimizer  # noqa: F401  (registers DistributedOptimizer)
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
-    from . import config
+    from . import _progress, config
 
     addr = config.get(config.MONITOR_ADDR)
     if addr:
         from .launch.heartbeat import start_sender
 
         host, _, port = addr.rpartition(":")
-        start_sender(host, int(port), config.get(config.JOB_TOKEN, ""), runtime.rank())
+        token = config.get(config.JOB_TOKEN, "")
+        start_sender(host, int(port), token, runtime.rank(), status=_progress.status)
+    elif runtime.size() > 1:  # plain horovodrun/mpirun: at least warn about a long wait
+        from .launch.heartbeat import stall_timeout
+
+        _progress.start_watchdog(stall_timeout(), runtime.rank())
 
 
 def __getattr__(name: str):

@@ -37,8 +37,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Runs once, before the first training step, so every rank starts from the
     same point — including a job resumed from a checkpoint that only
     ``root_rank`` loaded (its optimizer's iterations, moments and learning
-    rate are broadcast too). A model that is not built when training starts
-    (no input shape known) is broadcast after its first batch instead.
+    rate are broadcast too). If the model is not built on *every* rank when
+    training starts (no input shape known on some), all ranks broadcast after
+    the first batch instead; the ranks decide this together, so a model built
+    on some ranks only (restored on rank 0 alone) cannot leave them waiting in
+    different collectives.
 
     Example:
         >>> model.fit(ds, callbacks=[hvdkit.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -54,7 +57,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
-        if not self.broadcast_done and self.model.built:
+        if self.broadcast_done:
+            return
+        # A collective decision: `model.built` can differ between ranks.
+        built = np.array([int(bool(self.model.built))], dtype=np.int32)
+        if collectives.allreduce(built, op=collectives.Min, name="hvdkit.bcast_built")[0]:
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import runtime
+from . import _progress, runtime
 from .backends import ReduceOp
 from .errors import CollectiveError, CollectiveMismatchError, ConfigurationError
 
@@ -98,6 +98,7 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
     if not tf.executing_eagerly():
         return fn()
     label = repr(name) if name else f"#{next(_eager_call_ids)} (unnamed; pass name= to label it)"
+    waiting = _progress.enter(f"{what} {label}")  # the launcher names it if it never returns
     try:
         return fn()
     except tf.errors.OpError as exc:
@@ -115,6 +116,8 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
             ) from None
         here = f"rank {runtime.rank()} passed {tensor_info}"
         raise CollectiveError(f"{what} of tensor {label} failed ({here}): {detail}") from exc
+    finally:
+        _progress.leave(waiting)
 
 
 def _out(tensor: tf.Tensor, as_numpy: bool):

@@ -53,12 +53,27 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def launched_size() -> int | None:
-    """World size announced by a launcher in the environment, or ``None``."""
+    """World size announced by a launcher in the environment, or ``None``.
+
+    Raises:
+        ConfigurationError: a launcher's size variable is set but is not an
+            integer >= 1. Falling back to a job of size 1 would make every rank
+            train alone, silently.
+    """
+    from .errors import ConfigurationError
+
     for var in LAUNCHER_SIZE_VARS:
         value = os.environ.get(var)
         if value:
             try:
-                return int(value)
+                size = int(value)
             except ValueError:
-                continue
+                size = 0
+            if size < 1:
+                raise ConfigurationError(
+                    f"{var}={value!r} is not a world size (an integer >= 1). It is set by "
+                    "the launcher (hvdkitrun, horovodrun, mpirun); start the job with one, "
+                    f"or unset {var} to run as a single process."
+                )
+            return size
     return None

@@ -9,12 +9,14 @@ the single entry point that ``model.fit``, ``train_on_batch``,
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from . import _compat, collectives, runtime
+from . import _compat, _progress, collectives, runtime
 from .backends import ReduceOp
 from .compression import Compression, Compressor
 from .errors import ConfigurationError
@@ -24,6 +26,42 @@ _compat.require_keras3()
 __all__ = ["DistributedOptimizer", "DistributedGradientTape", "reduce_gradients"]
 
 _GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+
+# A DistributedOptimizer's gradient allreduce also carries a one-hot marker of
+# the optimizer's step (iterations modulo _STEP_MARKER_SLOTS), fused into the
+# same allreduce. If ranks at different steps get paired (an optimizer
+# restored or stepped on one rank only), the reduced marker differs from the
+# expected value on every rank and every rank raises instead of averaging
+# gradients of different steps. A skew by an exact multiple of the slot count
+# goes unnoticed.
+_STEP_MARKER_SLOTS = 64
+
+
+def _step_marker(step: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    slot = tf.cast(tf.convert_to_tensor(step) % _STEP_MARKER_SLOTS, tf.int32)
+    return tf.one_hot(slot, _STEP_MARKER_SLOTS, dtype=dtype)
+
+
+def _check_step_marker(step: tf.Tensor, reduced: tf.Tensor, op: ReduceOp) -> tf.Operation:
+    """Fail on every rank unless every rank reduced gradients of the same step."""
+    n = runtime.size()
+    full = float(n) if op == ReduceOp.SUM else 1.0  # all ranks put 1 in the same slot
+    step = tf.convert_to_tensor(step)
+    slot = tf.cast(step % _STEP_MARKER_SLOTS, tf.int32)
+    got = tf.cast(tf.gather(reduced, slot), tf.float32)
+    return tf.debugging.Assert(
+        got > full * (1.0 - 0.5 / n),
+        [
+            f"hvdkit: gradient allreduces of different optimizer steps were paired across "
+            f"ranks (rank {runtime.rank()} of {n} is at step",
+            step,
+            "and another rank is not). An optimizer was restored, rebuilt or stepped on "
+            "some ranks only: broadcast its state from one rank "
+            "(BroadcastGlobalVariablesCallback / broadcast_variables) and step it on every "
+            "rank (see docs/divergence.md).",
+        ],
+        name="hvdkit_gradient_step_check",
+    )
 
 
 def _check_reduction_args(op, compression, what: str) -> None:
@@ -39,6 +77,28 @@ def _check_reduction_args(op, compression, what: str) -> None:
         )
 
 
+def _mark_waiting(step) -> tf.Tensor:
+    """A graph op telling :mod:`hvdkit._progress` the gradient allreduce starts now.
+
+    The launcher names a rank that waits here longer than the stall timeout.
+    """
+    step = tf.constant(-1, tf.int64) if step is None else tf.cast(step, tf.int64)
+
+    def enter(s):
+        return np.int64(_progress.enter("gradient allreduce", None if s < 0 else int(s)))
+
+    return tf.numpy_function(enter, [step], tf.int64, stateful=True, name="hvdkit_waiting")
+
+
+def _mark_done(token: tf.Tensor, reduced: list) -> tf.Tensor:
+    def leave(t, *_):
+        _progress.leave(int(t))
+        return np.int64(0)
+
+    deps = [token, *reduced[:1]]
+    return tf.numpy_function(leave, deps, tf.int64, stateful=True, name="hvdkit_done")
+
+
 def reduce_gradients(
     grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
     *,
@@ -47,12 +107,17 @@ def reduce_gradients(
     sparse_as_dense: bool = False,
     device_dense: str = "",
     device_sparse: str = "",
+    step: tf.Tensor | int | None = None,
 ) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """Average (or sum) gradients over all ranks in one fused allreduce.
 
     ``None`` entries stay ``None``. Dense gradients go through a single
     ``grouped_allreduce``; ``tf.IndexedSlices`` (embedding gradients) are
-    allgathered, or densified first with ``sparse_as_dense=True``.
+    allgathered, or densified first with ``sparse_as_dense=True``. With
+    ``step`` (``DistributedOptimizer`` passes its ``iterations``) the fused
+    allreduce also carries a marker of it: if the ranks are at different
+    steps, every rank raises ``tf.errors.InvalidArgumentError`` instead of
+    averaging gradients of different steps.
 
     Returns:
         A list of the same length and shapes as ``grads``.
@@ -78,12 +143,22 @@ def reduce_gradients(
                 out[i] = tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
         else:
             dense_idx.append(i)
-    if dense_idx:
-        with tf.device(device_dense):
-            packed = [compression.compress(tf.convert_to_tensor(out[i])) for i in dense_idx]
-            reduced = collectives.grouped_allreduce([t for t, _ in packed], op=op)
+    if not dense_idx and step is None:
+        return out
+    with tf.device(device_dense):
+        packed = [compression.compress(tf.convert_to_tensor(out[i])) for i in dense_idx]
+        tensors = [t for t, _ in packed]
+        if step is not None:
+            tensors.append(_step_marker(step, tensors[0].dtype if tensors else tf.float32))
+        token = _mark_waiting(step)
+        with tf.control_dependencies([token]):
+            tensors = [tf.identity(t) for t in tensors]
+        reduced = collectives.grouped_allreduce(tensors, op=op)
+        with tf.control_dependencies([_mark_done(token, reduced)]):
+            checks = [] if step is None else [_check_step_marker(step, reduced.pop(), op)]
+        with tf.control_dependencies(checks):
             for i, r, (_, ctx) in zip(dense_idx, reduced, packed, strict=True):
-                out[i] = compression.decompress(r, ctx)
+                out[i] = tf.identity(compression.decompress(r, ctx))
     return out
 
 
@@ -112,6 +187,73 @@ def _refuse_extra_arguments(kwargs: dict) -> None:
         "optimizer. Set them when creating it, e.g. "
         "DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1, clipnorm=1.0))."
     )
+
+
+# --------------------------------------------------------------- loss scaling
+# Keras's LossScaleOptimizer decides from the gradients it is given whether to
+# apply a step and how to change the loss scale. Around a DistributedOptimizer
+# (which `model.compile` builds by itself under a "mixed_float16" policy) those
+# are each rank's *local* gradients: a step that overflows on one rank only is
+# skipped there, and that rank never joins the gradient allreduce the others
+# wait in. Keras 3 has no hook between computing and applying gradients, so
+# hvdkit routes LossScaleOptimizer's apply, for a DistributedOptimizer inside
+# only, through `_loss_scaled_apply`: reduce first, decide from the averaged
+# gradients (identical on every rank), then apply them without reducing again.
+_LSO = keras.optimizers.LossScaleOptimizer
+_LSO_PRIVATE = (
+    "_common_apply",
+    "_stateful_handle_finite_grads",
+    "_stateful_handle_non_finite_grads",
+    "check_finite",
+)
+_lso_original_apply = None
+
+
+def _loss_scaled_apply(lso, grads, trainable_variables=None):
+    dist = lso.inner_optimizer
+    if not isinstance(dist, DistributedOptimizer):
+        return _lso_original_apply(lso, grads, trainable_variables)
+    grads = list(grads)
+    if trainable_variables is None:
+        trainable_variables = lso._trainable_variables
+    trainable_variables = list(trainable_variables)
+    if not dist.built:
+        with keras.name_scope(dist.name, caller=dist):
+            dist.build(trainable_variables)
+    if dist.backward_passes_per_step == 1:
+        grads = dist.reduce(grads)
+        finite = lso.check_finite(grads)  # the same averaged gradients on every rank
+    else:
+        # Gradients are accumulated locally and reduced every k passes, so only
+        # the decision is collective: skip on every rank if any rank overflowed.
+        local = tf.cast(lso.check_finite(grads), tf.int32)
+        finite = collectives.allreduce(tf.reshape(local, [1]), op=ReduceOp.MIN)[0] > 0
+    with dist._reduced_upstream(dist.backward_passes_per_step == 1):
+        keras.ops.cond(
+            finite,
+            lambda: lso._stateful_handle_finite_grads(grads, trainable_variables),
+            lso._stateful_handle_non_finite_grads,
+        )
+
+
+def _route_loss_scaling_through_hvdkit() -> None:
+    """Install `_loss_scaled_apply` on Keras's LossScaleOptimizer (once).
+
+    Only LossScaleOptimizers whose inner optimizer is a DistributedOptimizer
+    behave differently; every other one runs Keras's own code.
+    """
+    global _lso_original_apply
+    if _lso_original_apply is not None:
+        return
+    missing = [name for name in _LSO_PRIVATE if not hasattr(_LSO, name)]
+    if missing:
+        raise ConfigurationError(
+            f"this Keras ({keras.__version__}) LossScaleOptimizer lacks {missing}, which "
+            "hvdkit needs to decide loss scaling from averaged gradients; use the Keras "
+            "version hvdkit pins (see README)."
+        )
+    _lso_original_apply = _LSO._common_apply
+    _LSO._common_apply = _loss_scaled_apply
 
 
 @keras.saving.register_keras_serializable(package="hvdkit", name="DistributedOptimizer")
@@ -151,6 +293,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         >>> opt = hvdkit.DistributedOptimizer(opt)                 # hvdkit: wrap
         >>> model.compile(optimizer=opt, loss="mse")
     """
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        if isinstance(optimizer, _LSO):
+            # DistributedOptimizer(LossScaleOptimizer(opt)) becomes
+            # LossScaleOptimizer(DistributedOptimizer(opt)): one structure for
+            # both orders, which `model.compile` does not wrap a second time.
+            if optimizer.built:
+                raise ConfigurationError(
+                    "DistributedOptimizer got a LossScaleOptimizer that is already built "
+                    "(it holds a loss scale); wrap it before the first training step."
+                )
+            inner = cls(optimizer.inner_optimizer, *args, **kwargs)
+            return _LSO(
+                inner,
+                initial_scale=optimizer.initial_scale,
+                dynamic_growth_steps=optimizer.dynamic_growth_steps,
+                name=optimizer.name,
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -206,6 +367,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.device_sparse = device_sparse
         self._accumulators: list = []
         self._pass_counter = None
+        self._skip_reduce = False
+        _route_loss_scaling_through_hvdkit()
 
     # ------------------------------------------------------------- state
     @_compat.no_automatic_dependency_tracking
@@ -248,10 +411,22 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     # ------------------------------------------------------------- updates
+    @contextlib.contextmanager
+    def _reduced_upstream(self, skip: bool = True):
+        """While active, `apply` takes its gradients as already reduced."""
+        before, self._skip_reduce = self._skip_reduce, skip
+        try:
+            yield
+        finally:
+            self._skip_reduce = before
+
     def reduce(self, grads):
         """The allreduce step alone: returns the averaged (or summed) gradients."""
+        if self._skip_reduce:
+            return list(grads)
         return reduce_gradients(
             grads,
+            step=self.iterations,
             op=self.op,
             compression=self.compression,
             sparse_as_dense=self.sparse_as_dense,

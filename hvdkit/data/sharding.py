@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from .. import collectives, runtime
+from .. import runtime
 from ..errors import ConfigurationError, NotInitializedError, ShardingError
 from . import _pipeline
 
@@ -401,10 +401,11 @@ def _shard_files(files, num_shards, shard_id, shuffle, seed, epoch, mode, reader
         return stream
     if counts is not None:
         totals = [sum(counts[i] for i in assigned(q)) for q in range(num_shards)]
-    elif runtime.is_initialized() and (runtime.size(), runtime.rank()) == (num_shards, shard_id):
-        # Each rank counts only the files it reads; the totals are exchanged.
-        totals = collectives.allgather_object(sum(count(f) for f in mine))
     else:
+        # Counted locally, never exchanged: shard() is not a collective call, so
+        # a rank that calls it alone (a rank-0-only evaluation) or with other
+        # arguments than the others cannot leave them waiting. Pass
+        # records_per_file to skip counting.
         totals = [sum(count(files[i]) for i in assigned(q)) for q in range(num_shards)]
     target = max(totals) if mode == "pad" else min(totals)
     if target == 0 or totals[shard_id] == 0:

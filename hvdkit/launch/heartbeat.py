@@ -228,6 +228,41 @@ class HeartbeatMonitor:
                 if not s.finished and now - s.last_seen > timeout
             )
 
+    def stuck_report(self, timeout: float) -> str:
+        """Why the job is stuck, if a live rank has waited in one collective over ``timeout``.
+
+        Ranks report the hvdkit collective they wait in (:mod:`hvdkit._progress`).
+        Waiting longer than the stall timeout means the other ranks are in a
+        different collective, or in none (a long rank-local section): the
+        report names what every rank is doing. ``""`` when nothing is stuck.
+        """
+        from .._progress import COMPLETED, WAITED_S, WAITING
+
+        now = time.monotonic()
+        with self._lock:
+            live = {r: s for r, s in self.ranks.items() if not s.finished}
+            waited = {
+                r: float(s.info.get(WAITED_S, 0.0)) + (now - s.last_seen)
+                for r, s in live.items()
+                if s.info.get(WAITING)
+            }
+            if not waited or max(waited.values()) <= timeout:
+                return ""
+            parts = []
+            for r, s in sorted(live.items()):
+                if r in waited:
+                    what = f"waits in {str(s.info[WAITING])[:200]} for {waited[r]:.0f} s"
+                else:
+                    done = s.info.get(COMPLETED, "?")
+                    what = f"is in no hvdkit collective (busy in its own code; {done} done)"
+                parts.append(f"rank {r} {what}")
+        return (
+            f"ranks stuck in different collectives for more than {timeout:g} s: "
+            + "; ".join(parts)
+            + ". Every rank must run the same collectives in the same order "
+            "(see docs/divergence.md)"
+        )
+
     def local_pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks that run on this machine."""
         me = socket.gethostname()

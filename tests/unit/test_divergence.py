@@ -1,0 +1,110 @@
+"""Stuck-rank reporting and the rank-local branches fixed for issue 10, in one process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hvdkit import _progress, config
+from hvdkit.errors import ConfigurationError
+from hvdkit.launch.heartbeat import HeartbeatMonitor, RankStatus
+from hvdkit.launch.scheduler import _exit_report
+
+
+# ------------------------------------------------------------------ what a rank reports
+def test_progress_reports_the_oldest_collective_waited_in():
+    done = _progress.status()[_progress.COMPLETED]
+    outer = _progress.enter("gradient allreduce", step=12)
+    time.sleep(0.01)
+    inner = _progress.enter("grouped_allreduce #3")
+    s = _progress.status()
+    assert s[_progress.WAITING] == "gradient allreduce (step 12)"
+    assert s[_progress.WAITED_S] >= 0.0
+    _progress.leave(inner)
+    _progress.leave(outer)
+    s = _progress.status()
+    assert _progress.WAITING not in s
+    assert s[_progress.COMPLETED] == done + 2
+    _progress.leave(outer)  # a second leave of the same token counts nothing
+    assert _progress.status()[_progress.COMPLETED] == done + 2
+
+
+# ------------------------------------------------------------------ what the launcher decides
+@pytest.fixture
+def monitor():
+    m = HeartbeatMonitor("token")
+    yield m
+    m.close()
+
+
+def beat(monitor, rank, finished=False, **info):
+    monitor.ranks[rank] = RankStatus(
+        pid=100 + rank, host="h", last_seen=time.monotonic(), finished=finished, info=info
+    )
+
+
+def test_ranks_in_different_collectives_are_named(monitor):
+    beat(monitor, 0, cc=10, w="gradient allreduce (step 3)", ws=25.0)
+    beat(monitor, 1, cc=11, w="allreduce 'extra'", ws=24.0)
+    report = monitor.stuck_report(20)
+    assert report.startswith("ranks stuck in different collectives for more than 20 s: ")
+    assert "rank 0 waits in gradient allreduce (step 3) for 25 s" in report
+    assert "rank 1 waits in allreduce 'extra' for 24 s" in report
+
+
+def test_rank_outside_any_collective_is_named(monitor):
+    beat(monitor, 0, cc=7)
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=21.0)
+    report = monitor.stuck_report(20)
+    assert "rank 0 is in no hvdkit collective (busy in its own code; 7 done)" in report
+    assert "rank 1 waits in gradient allreduce (step 3) for 21 s" in report
+
+
+def test_waits_shorter_than_the_timeout_and_finished_ranks_are_no_stall(monitor):
+    beat(monitor, 0, cc=7)
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=5.0)
+    assert monitor.stuck_report(20) == ""
+    beat(monitor, 1, finished=True, cc=8, w="allreduce 'x'", ws=500.0)  # said bye
+    assert monitor.stuck_report(20) == ""
+
+
+# ------------------------------------------------------------------ rank-local branches
+@pytest.mark.parametrize("value", ["two", "2.0", "0", "-1"])
+def test_malformed_launcher_size_is_refused(monkeypatch, value):
+    # Before: a malformed size fell back to a job of size 1, every rank alone.
+    for var in config.LAUNCHER_SIZE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(config.OMPI_SIZE, value)
+    with pytest.raises(ConfigurationError, match=f"OMPI_COMM_WORLD_SIZE='{value}'"):
+        config.launched_size()
+
+
+def test_well_formed_launcher_size(monkeypatch):
+    for var in config.LAUNCHER_SIZE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert config.launched_size() is None
+    monkeypatch.setenv(config.HOROVOD_SIZE, "4")
+    assert config.launched_size() == 4
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"type": "exit", "code": "not a number", "round": 0},
+        {"type": "exit", "code": None, "tail": 5},
+        {"type": "exit", "code": [1], "tail": "x"},
+    ],
+)
+def test_malformed_exit_report_is_a_failure_not_a_dead_listener(msg):
+    # Before: int(msg["code"]) raised in the listener thread, which died, and
+    # the scheduler waited for this worker forever.
+    rnd, code, detail, tail = _exit_report(msg)
+    assert code == -1
+    assert "malformed exit report" in detail
+    assert isinstance(tail, list)
+
+
+def test_well_formed_exit_report():
+    msg = {"type": "exit", "code": 3, "detail": "exit code 3", "round": 1, "tail": ["a", "b"]}
+    assert _exit_report(msg) == (1, 3, "exit code 3", ["a", "b"])
