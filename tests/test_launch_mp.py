@@ -164,7 +164,8 @@ def test_hvdkitrun_prefixes_lines(tmp_path):
         "import hvdkit, os; hvdkit.init(); "
         "print('hi', hvdkit.rank(), os.environ['HOROVOD_CONTROLLER'])"
     )
-    proc = run([str(VENV_BIN / "hvdkitrun"), "-np", "2", PY, "-c", code], tmp_path)
+    # --gloo: the default transport depends on the machine's load (launch/transport.py)
+    proc = run([str(VENV_BIN / "hvdkitrun"), "-np", "2", "--gloo", PY, "-c", code], tmp_path)
     assert proc.returncode == 0, proc.output
     assert "[rank 0] hi 0 gloo" in proc.stdout and "[rank 1] hi 1 gloo" in proc.stdout
 

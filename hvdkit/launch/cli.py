@@ -30,8 +30,8 @@ from .failures import failing_rank, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
+from .transport import choose_transport
 
-DEFAULT_TRANSPORT = "gloo"  # measured: see docs/launching.md
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -151,7 +151,13 @@ def run(argv: list[str] | None = None) -> int:
     if not command:
         raise LaunchError("no program given; e.g. hvdkitrun -np 2 python train.py")
     np_, hosts = plan(args)
-    transport = args.transport or DEFAULT_TRANSPORT
+    transport = args.transport or choose_transport(  # the rule: docs/performance.md
+        hosts,
+        cores=os.cpu_count(),
+        load=os.getloadavg()[0],
+        mpi_available=processes.find_tool("mpirun") is not None,
+        is_local=_is_local,
+    )
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)

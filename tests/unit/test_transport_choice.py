@@ -1,0 +1,66 @@
+"""hvdkitrun's default transport: the rule docs/performance.md documents."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdkit.launch import transport
+from hvdkit.launch.transport import choose_transport
+
+
+def local(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "me")
+
+
+@pytest.mark.parametrize(
+    "hosts, cores, mpi, expected, load",
+    [
+        # one machine, no more processes than cores, mpirun present: MPI
+        ([("localhost", 2)], 2, True, "mpi", 0.0),
+        ([("localhost", 1)], 2, True, "mpi", 0.0),
+        ([("me", 2), ("127.0.0.1", 2)], 4, True, "mpi", 0.0),  # two names, one machine
+        ([("localhost", 8)], None, True, "mpi", 0.0),  # unknown core count: not held against MPI
+        # one machine, oversubscribed: Gloo
+        ([("localhost", 3)], 2, True, "gloo", 0.0),
+        ([("localhost", 4)], 2, True, "gloo", 0.0),
+        ([("me", 2), ("localhost", 2)], 3, True, "gloo", 0.0),  # counted over every local entry
+        # one machine, busy with other work (1-minute load average): Gloo
+        ([("localhost", 2)], 2, True, "gloo", 5.0),
+        ([("localhost", 2)], 2, True, "gloo", 1.01),
+        ([("localhost", 2)], 2, True, "mpi", 1.0),  # within the one core of slack
+        ([("localhost", 2)], 16, True, "mpi", 12.0),  # busy, but enough free cores
+        ([("localhost", 8)], None, True, "mpi", 50.0),  # unknown core count
+        # more than one machine: Gloo, whatever the counts
+        ([("localhost", 1), ("b", 1)], 64, True, "gloo", 0.0),
+        ([("a", 2), ("b", 2)], 64, True, "gloo", 0.0),
+        # no mpirun: Gloo
+        ([("localhost", 2)], 2, False, "gloo", 0.0),
+        ([("localhost", 1)], 64, False, "gloo", 0.0),
+    ],
+)
+def test_rule(hosts, cores, mpi, expected, load):
+    got = choose_transport(hosts, cores=cores, load=load, mpi_available=mpi, is_local=local)
+    assert got == expected
+
+
+def test_boundary_is_processes_equal_to_cores():
+    # the switch happens exactly when processes exceed cores
+    picks = [
+        choose_transport([("localhost", n)], cores=4, mpi_available=True, is_local=local)
+        for n in range(1, 7)
+    ]
+    assert picks == ["mpi"] * 4 + ["gloo"] * 2
+
+
+def test_load_and_processes_add_up():
+    # 4 cores, 2 processes: MPI up to a load of 3 (2 + 3 = 4 + 1), Gloo above it
+    picks = [
+        choose_transport([("localhost", 2)], cores=4, load=x, mpi_available=True, is_local=local)
+        for x in (0.0, 2.0, 3.0, 3.5, 8.0)
+    ]
+    assert picks == ["mpi", "mpi", "mpi", "gloo", "gloo"]
+
+
+def test_answers_are_the_launcher_flags():
+    # hvdkitrun turns the answer into --gloo / --mpi: only those two may come back
+    assert {transport.GLOO, transport.MPI} == {"gloo", "mpi"}
