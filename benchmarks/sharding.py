@@ -110,9 +110,9 @@ def variants(root: Path, size: int, rank: int, records: int) -> dict:
             .shard(size, rank)
             .flat_map(tf.data.TFRecordDataset)
         ),
-        ("cifar10", "hvdkit.Cifar10Dataset"): lambda: hdata.Cifar10Dataset(root),
+        ("cifar10", "hvdkit.Cifar10Dataset"): lambda: hdata.Cifar10Dataset(root, num_shards="auto"),
         ("cifar10", "hvdkit.Cifar10Dataset shuffle"): lambda: hdata.Cifar10Dataset(
-            root, shuffle=True
+            root, num_shards="auto", shuffle=True
         ),
         ("cifar10", "tf.data FixedLengthRecordDataset.shard"): lambda: (
             tf.data.FixedLengthRecordDataset(cifar, CIFAR_RECORD)

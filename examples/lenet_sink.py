@@ -118,7 +118,7 @@ def main() -> int:
         write_mnist_format(Path(data_dir))
 
     # hvdkit: this rank's shard (equal lengths on every rank), staged ahead of the step
-    train_ds = hvdkit.data.MnistDataset(data_dir, "train", shuffle=True)
+    train_ds = hvdkit.data.MnistDataset(data_dir, "train", num_shards="auto", shuffle=True)
     train_ds = train_ds.shuffle(1024).map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     train_ds = sink.prefetch_to_device(train_ds.batch(args.batch_size, drop_remainder=True))
 
@@ -164,7 +164,8 @@ def main() -> int:
             print(f"call {call + 1} step {step:4d} loss {float(loss):.4f}", flush=True)
 
     # hvdkit: each rank scores a disjoint part of the test set; counts are summed
-    test_ds = hvdkit.data.MnistDataset(data_dir, "test", mode="uneven").map(preprocess)
+    test_ds = hvdkit.data.MnistDataset(data_dir, "test", num_shards="auto", mode="uneven")
+    test_ds = test_ds.map(preprocess)
     correct = total = 0
     for images, labels in test_ds.batch(256):
         pred = tf.argmax(model(images, training=False), axis=1, output_type=tf.int32)

@@ -12,6 +12,7 @@ EXPECTED = [
     "topology",
     "mnist_pad_shuffled",
     "mnist_drop_and_next_epoch",
+    "mnist_without_shards_reads_everything",
     "tfrecord_files_pad",
     "tfrecord_fewer_files_than_ranks_warns",
     "explicit_shards_disagreeing_with_the_job_warn",

@@ -7,19 +7,22 @@
 * :class:`ShardSampler` / :class:`ShardPositionCallback`: epochs and a
   resumable position inside an epoch.
 * :func:`MnistDataset`, :func:`Cifar10Dataset` and their random-access
-  :class:`MnistReader`, :class:`Cifar10Reader`: MindSpore-style readers.
+  :class:`MnistReader`, :class:`Cifar10Reader`: MindSpore-style readers
+  (all records unless asked to shard; ``num_shards="auto"``: this job's shard).
+* :func:`get_dataset_size`: batches in a dataset (MindSpore's ``get_dataset_size()``).
 
 Example, on each of 2 ranks::
 
     import hvdkit as hvd
     hvd.init()
-    ds = hvd.data.MnistDataset(DATA_PATH, shuffle=True, epoch=0)   # rank 0: 30,000
+    ds = hvd.data.MnistDataset(DATA_PATH, num_shards="auto", shuffle=True)  # rank 0: 30,000
     ds = ds.batch(32)                                              # rank 1: 30,000
 """
 
 from .readers import Cifar10Dataset, Cifar10Reader, MnistDataset, MnistReader
 from .sampler import ShardPositionCallback, ShardSampler
 from .sharding import MODES, ShardingWarning, shard, shard_indices
+from .size import get_dataset_size
 
 __all__ = [
     "MODES",
@@ -32,4 +35,5 @@ __all__ = [
     "Cifar10Reader",
     "MnistDataset",
     "Cifar10Dataset",
+    "get_dataset_size",
 ]

@@ -7,8 +7,11 @@ Two layers:
   with a positioned read, so a rank reads about ``1/S`` of the bytes. Use
   them with :class:`~hvdkit.data.ShardSampler` to resume mid-epoch.
 * :func:`MnistDataset` and :func:`Cifar10Dataset` take MindSpore's arguments
-  (``num_shards``, ``shard_id``, ``shuffle``, ``num_samples``) and return the
-  ``tf.data.Dataset`` of this rank's ``(image, label)`` pairs for one epoch.
+  (``num_shards``, ``shard_id``, ``shuffle``, ``num_samples``) with
+  MindSpore's meaning: without ``num_shards`` every process reads *all* the
+  records; ``num_shards="auto"`` shards them over this job
+  (``hvdkit.size()`` shards, this process reads shard ``hvdkit.rank()``).
+  They return a ``tf.data.Dataset`` of ``(image, label)`` pairs for one epoch.
 
 Element structure, for both: ``image`` uint8 ``[H, W, C]`` (MNIST
 ``[28, 28, 1]``, CIFAR-10 ``[32, 32, 3]`` in RGB, channels last) and
@@ -19,15 +22,18 @@ from __future__ import annotations
 
 import os
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import ConfigurationError, DataFormatError, ShardingError
-from .sharding import shard
+from .sharding import ShardingWarning, shard
 
 __all__ = ["MnistReader", "Cifar10Reader", "MnistDataset", "Cifar10Dataset"]
+
+AUTO = "auto"  # num_shards="auto": shard over this job
 
 USAGES = ("train", "test", "all")
 MNIST_FILES = {
@@ -313,21 +319,34 @@ def MnistDataset(  # named like MindSpore's class, so ported scripts keep the ca
     dataset_dir: str | os.PathLike,
     usage: str = "train",
     num_samples: int | None = None,
-    num_shards: int | None = None,
-    shard_id: int | None = None,
+    num_shards: int | str | None = None,
+    shard_id: int | str | None = None,
     shuffle: bool = False,
     seed: int = 0,
     mode: str = "pad",
     epoch: int = 0,
 ) -> tf.data.Dataset:
-    """This rank's MNIST ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+    """MNIST ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+
+    As MindSpore's ``MnistDataset``: without ``num_shards`` the dataset is
+    *every* record, in every process (what the manual-parallel and
+    dataset-slicing tutorials need); with ``num_shards=S, shard_id=r`` it is
+    shard ``r`` of ``S``. ``num_shards="auto"`` means this job's shards:
+    ``S = hvdkit.size()``, ``r = hvdkit.rank()``. With 2 ranks and 10 records
+    (no shuffle, pad mode), ``num_shards="auto"`` gives rank 0 records
+    ``0, 2, 4, 6, 8`` and rank 1 records ``1, 3, 5, 7, 9``.
 
     Args:
         dataset_dir: Directory of the four IDX files (see :class:`MnistReader`).
         usage: ``"train"``, ``"test"`` or ``"all"``.
-        num_samples: Shard only the first ``num_samples`` records; ``None`` for all.
-        num_shards: Defaults (with ``shard_id``) to ``hvdkit.size()``.
-        shard_id: Defaults to ``hvdkit.rank()``.
+        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+        num_shards: ``None`` (read everything), an int ``S >= 1`` (with
+            ``shard_id``), or ``"auto"`` (this job: ``hvdkit.size()``; needs
+            ``hvdkit.init()``). Explicit values that differ from the job are
+            allowed; they warn (:class:`ShardingWarning`) unless they are
+            ``num_shards=1, shard_id=0`` (everything, on purpose).
+        shard_id: With an int ``num_shards``, in ``[0, S)``; with ``"auto"``,
+            leave it ``None`` (or ``"auto"``): it is ``hvdkit.rank()``.
         shuffle: Reshuffle all records every epoch, in the same way on every rank.
         seed: Seed of the shuffle; the same on every rank.
         mode: ``"pad"`` (default), ``"drop"`` or ``"uneven"``; see
@@ -336,37 +355,72 @@ def MnistDataset(  # named like MindSpore's class, so ported scripts keep the ca
 
     Returns:
         Dataset of ``(image uint8 [28, 28, 1], label int32 [])``, of
-        ``ceil(N/S)`` elements in pad mode (``N = num_samples or`` all records).
+        ``ceil(N/S)`` elements in pad mode (``N = num_samples or`` all records;
+        ``S = 1`` without ``num_shards``).
+
+    Raises:
+        ShardingError: only one of ``num_shards``/``shard_id`` given as an
+            int, ``shard_id`` outside ``[0, S)``, or ``"auto"`` with an int
+            ``shard_id``.
+        NotInitializedError: ``num_shards="auto"`` before ``hvdkit.init()``.
 
     Example:
         >>> for epoch in range(EPOCHS):
-        ...     ds = hvdkit.data.MnistDataset(DATA_PATH, shuffle=True, epoch=epoch)  # hvdkit:
+        ...     ds = hvdkit.data.MnistDataset(DATA_PATH, num_shards="auto", shuffle=True,
+        ...                                   epoch=epoch)   # hvdkit: this rank's share
         ...     model.fit(ds.map(scale).batch(32), initial_epoch=epoch, epochs=epoch + 1)
     """
     reader = MnistReader(dataset_dir, usage, num_samples)
-    return shard(reader, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
+    return _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode)
 
 
 def Cifar10Dataset(  # named like MindSpore's class, so ported scripts keep the call
     dataset_dir: str | os.PathLike,
     usage: str = "train",
     num_samples: int | None = None,
-    num_shards: int | None = None,
-    shard_id: int | None = None,
+    num_shards: int | str | None = None,
+    shard_id: int | str | None = None,
     shuffle: bool = False,
     seed: int = 0,
     mode: str = "pad",
     epoch: int = 0,
 ) -> tf.data.Dataset:
-    """This rank's CIFAR-10 ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+    """CIFAR-10 ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
 
-    Arguments as :func:`MnistDataset`; ``dataset_dir`` as :class:`Cifar10Reader`.
+    Arguments as :func:`MnistDataset` (everything without ``num_shards``,
+    this job's shard with ``num_shards="auto"``); ``dataset_dir`` as
+    :class:`Cifar10Reader`.
 
     Returns:
         Dataset of ``(image uint8 [32, 32, 3] RGB, label int32 [])``.
 
     Example:
-        >>> ds = hvdkit.data.Cifar10Dataset(DATA_PATH, shuffle=True, epoch=0).batch(64)
+        >>> ds = hvdkit.data.Cifar10Dataset(DATA_PATH, num_shards=hvdkit.size(),
+        ...                                 shard_id=hvdkit.rank(), shuffle=True).batch(64)
     """
     reader = Cifar10Reader(dataset_dir, usage, num_samples)
+    return _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode)
+
+
+def _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode) -> tf.data.Dataset:
+    """``shard()`` of ``reader`` with MindSpore's meaning of ``num_shards``/``shard_id``."""
+    if num_shards == AUTO:
+        if shard_id not in (None, AUTO):
+            raise ShardingError(
+                f"num_shards='auto' with shard_id={shard_id!r}: 'auto' takes this job's "
+                "size and this process's rank; leave shard_id as None, or pass both as ints."
+            )
+        num_shards = shard_id = None  # shard() defaults to hvdkit.size() / hvdkit.rank()
+    elif shard_id == AUTO:
+        raise ShardingError(
+            f"shard_id='auto' with num_shards={num_shards!r}: pass num_shards='auto' for "
+            "this job's shards, or both as ints."
+        )
+    elif num_shards is None and shard_id is None:
+        num_shards, shard_id = 1, 0  # MindSpore's default: every record
+    if (num_shards, shard_id) == (1, 0):
+        with warnings.catch_warnings():
+            # One shard on purpose: every process reads all the data.
+            warnings.simplefilter("ignore", ShardingWarning)
+            return shard(reader, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
     return shard(reader, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)

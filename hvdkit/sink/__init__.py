@@ -19,8 +19,15 @@ Modules: ``pipeline`` (staging, repeating, equal per-rank lengths), ``loop``
 """
 
 from .fit import train
-from .functional import DataSink, data_sink
+from .functional import DataSink, JitConfig, data_sink
 from .loop import SlowInputWarning
 from .pipeline import prefetch_to_device
 
-__all__ = ["SlowInputWarning", "prefetch_to_device", "DataSink", "data_sink", "train"]
+__all__ = [
+    "SlowInputWarning",
+    "prefetch_to_device",
+    "DataSink",
+    "JitConfig",
+    "data_sink",
+    "train",
+]

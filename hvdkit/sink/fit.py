@@ -38,11 +38,14 @@ def _keras_loop(model: keras.Model, steps: int, jit: bool) -> SinkLoop:
 
 def train(
     model: keras.Model,
-    epochs: int,
-    dataset: tf.data.Dataset,
+    epochs: int | None = None,
+    dataset: tf.data.Dataset | None = None,
     callbacks: list[keras.callbacks.Callback] | None = None,
     dataset_sink_mode: bool = True,
     sink_size: int = -1,
+    *,
+    epoch: int | None = None,
+    train_dataset: tf.data.Dataset | None = None,
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
     """Train a compiled Keras model in sink mode, with MindSpore's meaning of the arguments.
@@ -69,13 +72,21 @@ def train(
     Every rank must call this together: the per-rank dataset lengths are
     compared (allgather) before training, in both modes.
 
+    MindSpore's ``model.train(epoch, train_dataset, callbacks=...,
+    dataset_sink_mode=..., sink_size=...)`` keeps its argument names:
+    ``hvdkit.sink.train(model, epoch=10, train_dataset=ds, ...)`` is the same
+    call as ``hvdkit.sink.train(model, 10, ds, ...)``. Unlike MindSpore 2.x
+    (``dataset_sink_mode=False``), sink mode is the default here.
+
     Args:
         model: a compiled ``keras.Model`` (``run_eagerly=False``; in a job of
             several processes ``jit_compile=False``).
         epochs: as ``fit``'s: train until this epoch (with ``initial_epoch=``).
+            MindSpore's name ``epoch=`` works too.
         dataset: a ``tf.data.Dataset`` of batches (``(x, y)`` or
             ``(x, y, sample_weight)``), finite or, with ``sink_size > 0``,
-            infinite or of unknown length.
+            infinite or of unknown length. MindSpore's name ``train_dataset=``
+            works too.
         callbacks: Keras callbacks, as for ``fit``.
         dataset_sink_mode: ``True`` for sink mode.
         sink_size: ``-1`` (whole dataset per epoch) or steps per epoch (>= 1).
@@ -89,7 +100,8 @@ def train(
         ConfigurationError: the model is not compiled, runs eagerly or uses
             XLA in a multi-process job; ``sink_size`` is 0 or below -1;
             ``sink_size=-1`` with a dataset of infinite or unknown length;
-            ``steps_per_epoch`` given in sink mode.
+            ``steps_per_epoch`` given in sink mode; ``epochs``/``dataset``
+            missing, or given twice (once by MindSpore's name).
         ShardingError: the ranks' datasets have different numbers of batches.
         InputPipelineError: the input pipeline failed during training; the
             message names the step and quotes TensorFlow's error.
@@ -100,6 +112,8 @@ def train(
         >>> len(hist.history["loss"])   # one entry per sink = per epoch
         10
     """
+    epochs = _one_of("epochs", epochs, "epoch", epoch)
+    dataset = _one_of("dataset", dataset, "train_dataset", train_dataset)
     if not isinstance(model, keras.Model):
         raise ConfigurationError(f"train needs a keras.Model; got {type(model).__name__}.")
     if not getattr(model, "compiled", False):
@@ -158,3 +172,15 @@ def train(
             callbacks=callbacks,
             **fit_kwargs,
         )
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """The argument given as ``name`` or as MindSpore's ``alias``; exactly one is required."""
+    if value is not None and alias_value is not None:
+        raise ConfigurationError(
+            f"train: {name}={value!r} and {alias}={alias_value!r} are the same argument "
+            f"({alias} is MindSpore's name for it); pass one of them."
+        )
+    if value is None and alias_value is None:
+        raise ConfigurationError(f"train: pass {name} (or MindSpore's {alias}=).")
+    return alias_value if value is None else value

@@ -10,6 +10,61 @@ from ..errors import ConfigurationError
 from .loop import SLOW_INPUT_FRACTION, SinkLoop, check_sink_size, resolve_jit
 from .pipeline import agreed_length, check_dataset, endless
 
+JIT_LEVELS = ("", "O0", "O1", "O2")  # MindSpore's compile levels: all one tf.function graph here
+EXC_MODES = ("auto", "sink", "no_sink")
+
+
+class JitConfig:
+    """MindSpore's ``JitConfig`` for :func:`data_sink`'s ``jit_config=``: "compile the step".
+
+    In MindSpore, ``data_sink(fn, ds, jit_config=None)`` runs ``fn`` eagerly
+    (PyNative) and a ``JitConfig`` compiles it into a graph at a given level.
+    hvdkit's :func:`data_sink` always runs the steps in one ``tf.function``
+    graph loop, so every level below means the same here: a traced graph, no
+    XLA. XLA is ``data_sink(..., jit_compile=True)`` (one process only).
+
+    Args:
+        jit_level: ``""``, ``"O0"``, ``"O1"`` or ``"O2"`` (MindSpore's levels).
+        exc_mode: ``"auto"``, ``"sink"`` or ``"no_sink"``; the loop always sinks.
+
+    Raises:
+        ConfigurationError: another level or mode, or any other option
+            (MindSpore's other options have no TensorFlow meaning).
+
+    Example:
+        >>> jit = hvdkit.sink.JitConfig()        # hvdkit: was ms.JitConfig()
+        >>> run = hvdkit.sink.data_sink(train_step, ds, sink_size=100, jit_config=jit)
+    """
+
+    def __init__(self, jit_level: str = "O1", exc_mode: str = "auto", **options):
+        if jit_level not in JIT_LEVELS:
+            raise ConfigurationError(
+                f"JitConfig: jit_level={jit_level!r} is not one of {JIT_LEVELS}; every level "
+                "runs the step as one tf.function graph in hvdkit."
+            )
+        if exc_mode not in EXC_MODES:
+            raise ConfigurationError(f"JitConfig: exc_mode={exc_mode!r} is not one of {EXC_MODES}.")
+        if options:
+            raise ConfigurationError(
+                f"JitConfig: {sorted(options)} have no TensorFlow equivalent; drop them. XLA "
+                "is data_sink(..., jit_compile=True) (one process only)."
+            )
+        self.jit_level, self.exc_mode = jit_level, exc_mode
+
+    def __repr__(self) -> str:
+        return f"JitConfig(jit_level={self.jit_level!r}, exc_mode={self.exc_mode!r})"
+
+
+def check_jit_config(jit_config) -> None:
+    """``None`` or a :class:`JitConfig`; anything else is refused with the hvdkit equivalent."""
+    if jit_config is None or isinstance(jit_config, JitConfig):
+        return
+    raise ConfigurationError(
+        f"data_sink: jit_config={jit_config!r} is not a hvdkit.sink.JitConfig. MindSpore's "
+        "ms.JitConfig(...) becomes hvdkit.sink.JitConfig(...) (or leave jit_config out: "
+        "hvdkit always runs the steps as one tf.function graph); XLA is jit_compile=True."
+    )
+
 
 class DataSink:
     """``sink_size`` steps of ``fn`` per call, over batches of a dataset that never runs out.
@@ -42,7 +97,9 @@ class DataSink:
         jit_compile: bool | None = None,
         return_all: bool = False,
         slow_input_fraction: float | None = SLOW_INPUT_FRACTION,
+        jit_config: JitConfig | None = None,
     ):
+        check_jit_config(jit_config)
         if not callable(fn):
             raise ConfigurationError(
                 f"data_sink: fn={fn!r} is not callable; pass the training step, a "
@@ -96,6 +153,7 @@ def data_sink(
     jit_compile: bool | None = None,
     return_all: bool = False,
     slow_input_fraction: float | None = SLOW_INPUT_FRACTION,
+    jit_config: JitConfig | None = None,
 ) -> DataSink:
     """Make a callable that runs ``fn`` on ``sink_size`` consecutive batches per call.
 
@@ -129,6 +187,9 @@ def data_sink(
         slow_input_fraction: warn (:class:`SlowInputWarning`) when a call,
             after the first, spent at least this fraction of its wall time
             waiting for batches. ``None`` never warns.
+        jit_config: MindSpore's argument, as a :class:`JitConfig` (or
+            ``None``). The steps always run as one ``tf.function`` graph, so
+            it changes nothing; ``jit_compile`` is the XLA switch.
 
     Returns:
         A :class:`DataSink`; calling it returns ``fn``'s outputs of the last
@@ -136,8 +197,9 @@ def data_sink(
 
     Raises:
         ConfigurationError: ``fn`` is not callable, ``dataset`` is not a
-            ``tf.data.Dataset`` or is empty, ``sink_size < 1``, or
-            ``jit_compile=True`` in a multi-process job.
+            ``tf.data.Dataset`` or is empty, ``sink_size < 1``,
+            ``jit_compile=True`` in a multi-process job, or ``jit_config`` is
+            not a :class:`JitConfig`.
         ShardingError: the ranks' datasets have different numbers of batches;
             the message gives each rank's count.
 
@@ -161,4 +223,5 @@ def data_sink(
         jit_compile=jit_compile,
         return_all=return_all,
         slow_input_fraction=slow_input_fraction,
+        jit_config=jit_config,
     )

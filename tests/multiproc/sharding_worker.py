@@ -47,7 +47,9 @@ with c.check("topology"):
     assert n == 2 and hvd.backend_name() == "horovod"
 
 with c.check("mnist_pad_shuffled"):
-    ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), shuffle=True, seed=3, epoch=1)
+    ds = hdata.MnistDataset(
+        os.path.join(DATA, "mnist"), num_shards="auto", shuffle=True, seed=3, epoch=1
+    )
     ids = mnist_read(ds)
     perm = np.random.default_rng([3, 1]).permutation(MNIST_N)
     assert ids == perm[np.arange(r, 26, 2) % MNIST_N].tolist(), ids
@@ -59,12 +61,30 @@ with c.check("mnist_pad_shuffled"):
     c.record("mnist_pad", everyone)
 
 with c.check("mnist_drop_and_next_epoch"):
-    ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), shuffle=True, seed=3, epoch=2, mode="drop")
+    ds = hdata.MnistDataset(
+        os.path.join(DATA, "mnist"), num_shards="auto", shuffle=True, seed=3, epoch=2, mode="drop"
+    )
     everyone, batches = gather(mnist_read(ds))
     perm = np.random.default_rng([3, 2]).permutation(MNIST_N)
     assert batches == [3, 3] and not set(everyone[0]) & set(everyone[1])
     assert set(everyone[0]) | set(everyone[1]) == set(range(MNIST_N)) - {int(perm[-1])}
     assert everyone[r] != c.values["mnist_pad"][r]  # epoch 2 reshuffled
+
+with c.check("mnist_without_shards_reads_everything"):
+    # MindSpore's meaning: no num_shards -> every rank reads every record, and
+    # num_shards=1, shard_id=0 (the same, said explicitly) does not warn.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kwargs in ({}, {"num_shards": 1, "shard_id": 0}):
+            ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), **kwargs)
+            everyone, batches = gather(mnist_read(ds))
+            assert everyone == [list(range(MNIST_N))] * 2, everyone
+            assert batches == [7, 7]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards=1, shard_id=0, usage="train")
+        hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards=3, shard_id=r)
+    assert [w.category for w in caught] == [hdata.ShardingWarning], caught
 
 with c.check("tfrecord_files_pad"):
     for shuffle in (False, True):

@@ -174,3 +174,31 @@ def test_bad_arguments(mnist_dir, cifar_dir):
         hvdkit.DataFormatError, match=r"record 1 of .*test_batch.bin has label byte 57"
     ):
         Cifar10Reader(cifar_dir, "test").read([0, 1])
+
+
+def test_without_num_shards_every_record_is_read_as_in_mindspore(mnist_dir, cifar_dir, recwarn):
+    # MindSpore's MnistDataset(path) / Cifar10Dataset(path) read everything: no sharding
+    # unless asked, whatever the job; no hvdkit.init() needed for that.
+    hvdkit.shutdown()
+    assert mnist_ids(collect(MnistDataset(mnist_dir))[0]).tolist() == list(range(11))
+    want = [10 * f + i for f in range(5) for i in range(3)]
+    assert cifar_ids(collect(Cifar10Dataset(cifar_dir))[0]).tolist() == want
+    assert not [w for w in recwarn if issubclass(w.category, hvdkit.data.ShardingWarning)]
+
+
+def test_num_shards_auto_follows_the_job(mnist_dir, local_runtime):
+    # size 1 here: "auto" is shard 0 of 1; the 2-rank split is in tests/test_sharding_mp.py
+    ds = MnistDataset(mnist_dir, num_shards="auto", shard_id="auto")
+    assert mnist_ids(collect(ds)[0]).tolist() == list(range(11))
+    with pytest.raises(hvdkit.ShardingError, match=r"num_shards='auto' with shard_id=1"):
+        MnistDataset(mnist_dir, num_shards="auto", shard_id=1)
+    with pytest.raises(hvdkit.ShardingError, match=r"shard_id='auto' with num_shards=2"):
+        MnistDataset(mnist_dir, num_shards=2, shard_id="auto")
+    with pytest.raises(hvdkit.ShardingError, match="give both or neither"):
+        MnistDataset(mnist_dir, num_shards=2)
+
+
+def test_num_shards_auto_needs_init(mnist_dir):
+    hvdkit.shutdown()
+    with pytest.raises(hvdkit.NotInitializedError, match="hvdkit.init"):
+        MnistDataset(mnist_dir, num_shards="auto")
