@@ -205,11 +205,11 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
         text, given = auth.open_envelope(line)
     except auth.AuthError:
         msg = _plain(line)
-        old = msg.get("type") == "register"
-        reason = "bad job token" if old else "not a registration"
-        if old:  # a client that sends the token itself: hvdkit before the challenge
-            reason += " (this worker's hvdkit sends the token in clear: update it)"
-        _refuse(ch, reason)
+        if msg.get("type") != "register":
+            _refuse(ch, "not a registration")
+        if "token" in msg:  # hvdkit before the challenge sent the token itself
+            _refuse(ch, "bad job token (this worker's hvdkit sends it in clear: update it)")
+        _refuse(ch, "bad job token (no proof of it)")
     if not auth.verify(auth.derive_key(token, auth.REGISTER), given, nonce, text):
         _refuse(ch, "bad job token")
     hello = auth.parse_body(text)

@@ -231,7 +231,7 @@ def test_a_worker_sending_the_token_in_clear_is_refused():
     old.send(type="register", token=TOKEN, hostname="h", pid=1)
     reply = old.recv(time.monotonic() + 10)
     t.join(10)
-    assert result["sched"].startswith("bad job token (this worker's hvdkit sends the token")
+    assert result["sched"].startswith("bad job token (this worker's hvdkit sends it in clear")
     assert reply["type"] == "refused"
 
 
