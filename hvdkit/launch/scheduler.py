@@ -384,6 +384,9 @@ class Scheduler:
         culprit = blame.rank
         detail, tail = failures.get(culprit, (blame.how, []))
         log.error("rank %d failed: %s; stopping the other workers", culprit, detail)
+        for other, (said, _) in sorted(failures.items()):
+            if other != culprit and said.startswith("ranks stuck"):  # what each rank waited in
+                log.error("rank %d also: %s", other, said)
         for r in remaining:
             r.send(type="abort", round=round_, reason=f"rank {culprit} failed: {detail}")
         deadline = time.monotonic() + ABORT_WAIT_S
