@@ -87,14 +87,26 @@ def init(backend: str | None = None, **kwargs) -> None:
     and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
     watches for its stall timeout.
 
+    With ``HVDKIT_ROLE`` or ``MS_ROLE`` set (MindSpore's flow: the same
+    script started once as ``MS_SCHED`` and once per worker as ``MS_WORKER``)
+    the process takes that role here and never returns: the scheduler runs
+    the job's scheduler and exits with the job's status; a worker registers
+    and runs this script again as its rank (:mod:`hvdkit.launch.inprocess`).
+
     Example:
         >>> import hvdkit
         >>> hvdkit.init()
         >>> hvdkit.rank(), hvdkit.size()   # (0, 1) without a launcher
         (0, 1)
     """
-    from . import runtime
+    from . import config, runtime
 
+    if not runtime.is_initialized():
+        role = config.role()
+        if role is not None:
+            from .launch.inprocess import take_role
+
+            take_role(role)  # exits with the job's status
     first = not runtime.is_initialized()
     runtime.init(backend, **kwargs)
     if not first:
@@ -103,7 +115,7 @@ def init(backend: str | None = None, **kwargs) -> None:
         from . import optimizer  # noqa: F401  (registers DistributedOptimizer)
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
-    from . import _progress, config
+    from . import _progress
 
     addr = config.get(config.MONITOR_ADDR)
     if addr:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import LaunchError
+
 # --- set by launchers; read to tell whether this process is part of a job ---
 HOROVOD_SIZE = "HOROVOD_SIZE"  # horovodrun --gloo, hvdkitrun, scheduler/worker
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"  # mpirun / horovodrun --mpi (Open MPI)
@@ -50,6 +52,53 @@ def get(name: str, default: str | None = None) -> str | None:
     if value is None and name in MINDSPORE_ALIASES:
         value = os.environ.get(MINDSPORE_ALIASES[name])
     return default if value is None or value == "" else value
+
+
+# HVDKIT_ROLE / MS_ROLE values: hvdkit's own, then MindSpore's, for each role.
+SCHEDULER, WORKER = "scheduler", "worker"
+ROLE_VALUES = {"scheduler": SCHEDULER, "MS_SCHED": SCHEDULER, "worker": WORKER, "MS_WORKER": WORKER}
+PARAMETER_SERVER_ROLE = "MS_PSERVER"  # MindSpore's parameter server: no hvdkit equivalent
+# Variables that say "this process is one of a scheduler/worker job".
+JOB_VARS = (ROLE, WORKER_NUM, SCHED_HOST, SCHED_PORT)
+
+
+def _set_name(name: str) -> str:
+    """The variable that actually holds setting ``name``: hvdkit's, else its MindSpore alias."""
+    if os.environ.get(name) or name not in MINDSPORE_ALIASES:
+        return name
+    return MINDSPORE_ALIASES[name]
+
+
+def role() -> str | None:
+    """``"scheduler"``, ``"worker"`` or ``None``, from ``HVDKIT_ROLE`` (else ``MS_ROLE``).
+
+    Accepts hvdkit's values and MindSpore's (``MS_SCHED``, ``MS_WORKER``).
+
+    Raises:
+        LaunchError: MindSpore's parameter-server role, or an unknown value.
+    """
+    raw = get(ROLE)
+    if raw is None:
+        return None
+    value = raw.strip()
+    if value in ROLE_VALUES:
+        return ROLE_VALUES[value]
+    var = _set_name(ROLE)
+    if value == PARAMETER_SERVER_ROLE:
+        raise LaunchError(
+            f"{var}={raw!r}: hvdkit has no parameter-server role. It trains data-parallel "
+            "with allreduce among the workers, so start one scheduler (MS_SCHED) and the "
+            "workers (MS_WORKER) only, and drop the MS_PSERVER processes (and MS_SERVER_NUM)."
+        )
+    raise LaunchError(
+        f"{var}={raw!r} is not a role; use 'scheduler' or 'worker' (MindSpore's "
+        "'MS_SCHED' / 'MS_WORKER' work too)."
+    )
+
+
+def job_vars_set() -> list[str]:
+    """Names of the scheduler/worker variables set here (``HVDKIT_*`` or ``MS_*``), in order."""
+    return [_set_name(n) for n in JOB_VARS if get(n) is not None]
 
 
 def launched_size() -> int | None:

@@ -63,7 +63,11 @@ def init(
 
     Raises:
         ConfigurationError: ``backend`` is unknown, or ``"local"`` while a
-            launcher started several processes.
+            launcher started several processes; or no launcher started this
+            process but ``HVDKIT_ROLE``/``HVDKIT_WORKER_NUM``/
+            ``HVDKIT_SCHED_HOST``/``HVDKIT_SCHED_PORT`` (or their ``MS_*``
+            aliases) are set: it would train alone (pass ``backend="local"``
+            to do that on purpose).
 
     Example:
         >>> import hvdkit
@@ -78,6 +82,8 @@ def init(
     launched = config.launched_size()
     if name is None:
         name = "horovod" if launched is not None else "local"
+    if launched is None and backend != "local":
+        _refuse_lonely_job()
     if name == "local" and launched is not None and launched > 1:
         raise ConfigurationError(
             f"backend 'local' was requested but the launcher started {launched} "
@@ -89,6 +95,27 @@ def init(
     _configure_threads(threads, _backend.local_size())
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
+
+
+def _refuse_lonely_job() -> None:
+    """Refuse to train alone when the environment says this process is part of a job.
+
+    ``HVDKIT_ROLE``/``MS_ROLE`` are handled by :func:`hvdkit.init` before it
+    gets here (the process becomes the scheduler or a worker's rank); what is
+    left is a process that would run as a job of size 1 although the
+    scheduler/worker variables describe a job: it would train alone, silently.
+    """
+    found = config.job_vars_set()
+    if not found:
+        return
+    shown = ", ".join(f"{v}={os.environ[v]!r}" for v in found)
+    raise ConfigurationError(
+        f"{shown} say this process is part of a scheduler/worker job, but no launcher "
+        "started it, so it would train alone as a job of size 1. Start it the way the "
+        "job is started (MS_ROLE=MS_SCHED once and MS_ROLE=MS_WORKER for each worker, with "
+        "hvdkit.init() rather than hvdkit.runtime.init(); or examples/cluster/run_*.sh), "
+        "or unset these variables to train in one process."
+    )
 
 
 def _thread_setting(setting: int | str | None) -> int | str:

@@ -319,8 +319,8 @@ def _report_rank(out: RankOutput, rank: int, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    role = config.get(config.ROLE)
     try:
+        role = config.role()  # hvdkit's or MindSpore's values ("MS_SCHED", "MS_WORKER")
         if role:
             from .roles import main as role_main
 
