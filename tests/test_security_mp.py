@@ -300,7 +300,7 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
     assert len([ln for ln in refusals if "bad job token" in ln]) >= 3, log[-4000:]
     # --- malformed input to the scheduler: refused, logged, and worker A still registered
     assert len([ln for ln in refusals if "not a registration" in ln]) >= 3, log[-4000:]
-    assert f"dropped a connection from {C_IP}" in log  # the slow clients
+    assert "no registration within 10 s" in log  # the slow clients, dropped
     assert all("closed by the server" in r for r in seen["slow-tcp"]["tcp-slow-loris"]), seen
     assert "worker 2/2 registered" in log
     # --- the rendezvous server: the outsider is refused, the job's machine is served
@@ -350,7 +350,9 @@ def test_hvdkitrun_rendezvous_is_loopback_only(tmp_path, three_hosts):
     )
     done = tmp_path / "done"
     job = Proc(
-        [str(VENV_BIN / "hvdkitrun"), "-np", "2", PY, str(probe), str(done)], a, cwd=tmp_path
+        [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--gloo", PY, str(probe), str(done)],
+        a,
+        cwd=tmp_path,
     )
     try:
         line = job.wait_for("RDV ", 180)

@@ -32,8 +32,9 @@ import hmac
 import json
 import secrets
 import struct
+import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 # Purposes of the keys derived from the job token.
 REGISTER = "register"  # worker -> scheduler, answering the scheduler's challenge
@@ -195,3 +196,41 @@ class ReplayGuard:
         self._sessions.move_to_end(key)
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
+
+
+class RefusalLog:
+    """Counts refused messages by kind and logs them without letting a flood fill the log.
+
+    The kind is the reason up to its first ``:`` or `` (`` ("bad job token",
+    "replayed", ...). Each kind gets at most ``burst`` lines per
+    ``interval_s``; the next line after a quiet spell says how many were
+    suppressed. :attr:`counts` has every refusal.
+
+        >>> import logging
+        >>> refusals = RefusalLog(logging.getLogger("demo"), "refused a heartbeat from")
+        >>> refusals("10.0.0.9:4000", "replayed: sequence 3 of rank 0 already seen")
+        >>> refusals.counts["replayed"]
+        1
+    """
+
+    def __init__(self, logger, what: str, burst: int = 1, interval_s: float = 10.0):
+        self.logger, self.what = logger, what
+        self.burst, self.interval_s = burst, interval_s
+        self.counts: Counter[str] = Counter()
+        self._window: dict[str, tuple[float, int, int]] = {}  # start, logged, suppressed
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str, reason: str) -> None:
+        kind = reason.split(":")[0].split(" (")[0]
+        now = time.monotonic()
+        with self._lock:
+            self.counts[kind] += 1
+            start, logged, suppressed = self._window.get(kind, (now, 0, 0))
+            if now - start >= self.interval_s:
+                start, logged = now, 0
+            if logged >= self.burst:
+                self._window[kind] = (start, logged, suppressed + 1)
+                return
+            self._window[kind] = (start, logged + 1, 0)
+        more = f" ({suppressed} more like it were not logged)" if suppressed else ""
+        self.logger.warning("%s %s: %s%s", self.what, address, reason, more)

@@ -28,11 +28,10 @@ import logging
 import socket
 import sys
 import threading
-import time
-from collections import Counter
 from collections.abc import Iterable
 
 from .. import _compat
+from . import auth
 
 log = logging.getLogger("hvdkit.rendezvous")
 _HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
@@ -41,7 +40,6 @@ MAX_VALUE_BYTES = 1 << 20  # Gloo stores addresses and small blobs per rank
 MAX_CONNECTIONS = 64
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
-REFUSAL_LOG_INTERVAL_S = 10.0
 FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -134,9 +132,8 @@ class GuardedHTTPServer(_HorovodHTTPServer):
 
     def __init__(self, address: tuple[str, int], allowed: set[str], verbose: int = 0):
         self.allowed = allowed
-        self.refusals: Counter[str] = Counter()
-        self._last_logged: dict[str, tuple[float, int]] = {}
-        self._log_lock = threading.Lock()
+        self.refuse = auth.RefusalLog(log, "rendezvous server refused a request from")
+        self.refusals = self.refuse.counts
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, GuardedHandler, verbose)
 
@@ -163,20 +160,6 @@ class GuardedHTTPServer(_HorovodHTTPServer):
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
         self.refuse(client_address[0], f"error while serving: {type(exc).__name__}: {exc}"[:200])
-
-    def refuse(self, address: str, why: str) -> None:
-        """Count and log a refused request (each kind at most once per interval)."""
-        kind = why.split(" (")[0].split(":")[0]
-        with self._log_lock:
-            self.refusals[kind] += 1
-            now = time.monotonic()
-            last, count_then = self._last_logged.get(kind, (-1e9, 0))
-            if now - last < REFUSAL_LOG_INTERVAL_S:
-                return
-            suppressed = self.refusals[kind] - count_then - 1
-            self._last_logged[kind] = (now, self.refusals[kind])
-        more = f" ({suppressed} more like it since the last report)" if suppressed > 0 else ""
-        log.warning("rendezvous server refused a request from %s: %s%s", address, why, more)
 
 
 class GuardedRendezvous:

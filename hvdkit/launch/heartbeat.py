@@ -18,7 +18,6 @@ import os
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -137,7 +136,6 @@ class RankStatus:
 
 MAX_DATAGRAM = 4096  # bytes; a longer datagram is cut here and then fails its MAC
 MAX_RANK = 1 << 20
-REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -148,7 +146,7 @@ class HeartbeatMonitor:
     ``(rank, session, sequence, time)`` is fresh (:class:`auth.ReplayGuard`);
     anything else (garbage, forged, replayed, stale) is counted in
     :attr:`refused` by reason and logged, at most once per reason every
-    :data:`REFUSAL_LOG_INTERVAL_S` with the number suppressed meanwhile.
+    10 s with the number suppressed meanwhile (:class:`auth.RefusalLog`).
     """
 
     token: str
@@ -158,8 +156,8 @@ class HeartbeatMonitor:
     def __post_init__(self):
         self._key = auth.derive_key(self.token, auth.HEARTBEAT)
         self._guard = auth.ReplayGuard()
-        self.refused: Counter[str] = Counter()
-        self._last_logged: dict[str, tuple[float, int]] = {}
+        self._refusals = auth.RefusalLog(log, "refused a heartbeat from")
+        self.refused = self._refusals.counts
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((self.bind_host, 0))
         self._sock.settimeout(0.5)
@@ -206,17 +204,7 @@ class HeartbeatMonitor:
         return rank
 
     def _refuse(self, addr, reason: str) -> None:
-        kind = reason.split(":")[0]  # malformed, forged, replayed, stale
-        self.refused[kind] += 1
-        now = time.monotonic()
-        last, count_then = self._last_logged.get(kind, (-1e9, 0))
-        if now - last < REFUSAL_LOG_INTERVAL_S:
-            return
-        suppressed = self.refused[kind] - count_then - 1
-        more = f" ({suppressed} more like it since the last report)" if suppressed > 0 else ""
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        log.warning("refused a heartbeat from %s: %s%s", where, reason, more)
-        self._last_logged[kind] = (now, self.refused[kind])
+        self._refusals(f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr), reason)
 
     def silent_ranks(self, timeout: float) -> list[tuple[int, float]]:
         """``(rank, seconds since last heartbeat)`` for ranks silent longer than ``timeout``."""

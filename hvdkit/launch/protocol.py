@@ -270,10 +270,16 @@ class Admission:
         self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._lock = threading.Lock()
         self._closed = False
-        self.refused = 0
+        # A flood of bad connections gets 20 lines per kind every 10 s, then a count.
+        self._refusals = auth.RefusalLog(log, "refused a worker from", burst=20)
         sock.settimeout(0.5)  # accept() wakes up to notice the socket was closed
         self._thread = threading.Thread(target=self._accept_loop, name="hvdkit-admit", daemon=True)
         self._thread.start()
+
+    @property
+    def refused(self) -> int:
+        """How many connections were refused or dropped so far."""
+        return sum(self._refusals.counts.values())
 
     def next(self, timeout: float) -> tuple[Channel, dict, tuple] | None:
         try:
@@ -302,8 +308,7 @@ class Admission:
             except OSError:  # the scheduler closed the socket
                 break
             if not self._slots.acquire(blocking=False):
-                self.refused += 1
-                log.warning("refused a connection from %s: too many pending", _where(addr))
+                self._refusals(_where(addr), "too many pending handshakes")
                 conn.close()
                 continue
             threading.Thread(target=self._handshake, args=(conn, addr), daemon=True).start()
@@ -314,15 +319,13 @@ class Admission:
             try:
                 ch, hello = admit(conn, self.token, time.monotonic() + self.timeout_s)
             except Refused as exc:
-                self.refused += 1
-                log.warning("refused a worker from %s: %s", _where(addr), exc)
+                self._refusals(_where(addr), str(exc))
                 return
             except (OSError, ValueError, auth.AuthError) as exc:
-                self.refused += 1
-                why = str(exc) or type(exc).__name__
+                why = f"dropped: {exc or type(exc).__name__}"
                 if isinstance(exc, TimeoutError):
-                    why = f"no registration within {self.timeout_s:g} s"
-                log.warning("dropped a connection from %s: %s", _where(addr), why)
+                    why = f"dropped: no registration within {self.timeout_s:g} s"
+                self._refusals(_where(addr), why)
                 conn.close()
                 return
             conn.settimeout(None)  # the job may wait long for the other workers
