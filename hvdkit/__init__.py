@@ -45,18 +45,41 @@ _EXPORTS = {
     "allreduce": "collectives",
     "grouped_allreduce": "collectives",
     "allgather": "collectives",
+    "grouped_allgather": "collectives",
     "broadcast": "collectives",
+    "broadcast_": "collectives",
     "broadcast_variables": "collectives",
     "reducescatter": "collectives",
+    "grouped_reducescatter": "collectives",
     "alltoall": "collectives",
     "neighbor_exchange": "collectives",
+    "join": "collectives",
     "broadcast_object": "collectives",
     "allgather_object": "collectives",
+    # Horovod's probes: build, transport, graph-time topology, timeline
+    "mpi_built": "probes",
+    "gloo_built": "probes",
+    "nccl_built": "probes",
+    "ccl_built": "probes",
+    "cuda_built": "probes",
+    "rocm_built": "probes",
+    "ddl_built": "probes",
+    "mpi_enabled": "probes",
+    "gloo_enabled": "probes",
+    "mpi_threads_supported": "probes",
+    "is_homogeneous": "probes",
+    "rank_op": "probes",
+    "size_op": "probes",
+    "local_rank_op": "probes",
+    "local_size_op": "probes",
+    "start_timeline": "probes",
+    "stop_timeline": "probes",
     # training
     "DistributedOptimizer": "optimizer",
     "DistributedGradientTape": "optimizer",
     "reduce_gradients": "optimizer",
     "Compression": "compression",
+    "SyncBatchNormalization": "sync_batch_norm",
     "callbacks": "callbacks",
     "Checkpointer": "checkpoint",
     # data, patch ops, sink mode
@@ -73,6 +96,7 @@ _EXPORTS = {
     "DataFormatError": "errors",
     "LaunchError": "errors",
     "InputPipelineError": "errors",
+    "NotSupportedError": "errors",
 }
 
 __all__ = ["init", *_EXPORTS, "__version__"]
@@ -112,7 +136,7 @@ def init(backend: str | None = None, **kwargs) -> None:
     if not first:
         return
     try:
-        from . import optimizer  # noqa: F401  (registers DistributedOptimizer)
+        from . import optimizer
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
     from . import _progress
@@ -145,9 +169,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
-    from . import callbacks, data, ops, sink  # noqa: F401
-    from .checkpoint import Checkpointer  # noqa: F401
-    from .collectives import (  # noqa: F401
+    from . import callbacks, data, ops, sink
+    from .checkpoint import Checkpointer
+    from .collectives import (
         Average,
         Max,
         Min,
@@ -159,14 +183,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         allreduce,
         alltoall,
         broadcast,
+        broadcast_,
         broadcast_object,
         broadcast_variables,
+        grouped_allgather,
         grouped_allreduce,
+        grouped_reducescatter,
+        join,
         neighbor_exchange,
         reducescatter,
     )
-    from .compression import Compression  # noqa: F401
-    from .errors import (  # noqa: F401
+    from .compression import Compression
+    from .errors import (
         CollectiveError,
         CollectiveMismatchError,
         ConfigurationError,
@@ -175,10 +203,30 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         InputPipelineError,
         LaunchError,
         NotInitializedError,
+        NotSupportedError,
         ShardingError,
     )
-    from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients  # noqa: F401
-    from .runtime import (  # noqa: F401
+    from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
+    from .probes import (
+        ccl_built,
+        cuda_built,
+        ddl_built,
+        gloo_built,
+        gloo_enabled,
+        is_homogeneous,
+        local_rank_op,
+        local_size_op,
+        mpi_built,
+        mpi_enabled,
+        mpi_threads_supported,
+        nccl_built,
+        rank_op,
+        rocm_built,
+        size_op,
+        start_timeline,
+        stop_timeline,
+    )
+    from .runtime import (
         backend_name,
         barrier,
         cross_rank,
@@ -190,3 +238,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         shutdown,
         size,
     )
+    from .sync_batch_norm import SyncBatchNormalization

@@ -14,6 +14,7 @@ __all__ = [
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback",
     "RankZeroOnly",
 ]
 
@@ -192,6 +193,118 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             if self.verbose and runtime.rank() == 0:
                 lr = f"{self.initial_lr:g}"
                 print(f"\nEpoch {self._epoch + 1}: finished learning-rate warm-up at {lr}.")
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in a window.
+
+    Horovod's callback (used by its Keras ImageNet example to decay the rate
+    at epochs 30, 60, 80). For epochs ``start_epoch <= epoch < end_epoch``
+    (``end_epoch=None``: no end):
+
+    - a number ``multiplier`` means ``multiplier ** (epoch - start_epoch)``;
+      a callable is called with the epoch;
+    - ``staircase=True`` sets the rate once, at the first batch of each
+      epoch, with the integer epoch; ``staircase=False`` sets it before every
+      batch with ``epoch + batch / steps_per_epoch``.
+
+    Outside the window the rate is left alone, so several callbacks can each
+    own one window. Every epoch's logs get the current rate as ``lr``.
+
+    Args:
+        initial_lr: the rate the multiplier scales (required, as in Horovod).
+        multiplier: number or ``f(epoch) -> float``.
+        start_epoch, end_epoch: the window (end exclusive).
+        staircase: per epoch (``True``) or per batch (``False``).
+        momentum_correction: only ``False``. Horovod's default is ``True``
+            (scale momentum by the rate change for one batch), but Keras 3
+            optimizers bake momentum into the traced train step, so it could
+            not take effect; hvdkit defaults to ``False`` and refuses ``True``.
+        steps_per_epoch: batches per epoch for ``staircase=False``; ``None``
+            takes it from ``fit``.
+
+    Example:
+        >>> hvdkit.callbacks.LearningRateScheduleCallback(
+        ...     initial_lr=0.1 * hvdkit.size(), multiplier=1e-1, start_epoch=30, end_epoch=60)
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier,
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = False,
+        steps_per_epoch: int | None = None,
+    ):
+        super().__init__()
+        if initial_lr is None:
+            raise ConfigurationError(
+                "LearningRateScheduleCallback needs initial_lr (the rate the multiplier "
+                "scales), as Horovod's does; pass e.g. initial_lr=0.1 * hvdkit.size()."
+            )
+        if momentum_correction:
+            raise ConfigurationError(
+                "LearningRateScheduleCallback(momentum_correction=True) is not supported: Keras 3 "
+                "optimizers keep momentum as a fixed Python float. Pass momentum_correction=False."
+            )
+        if end_epoch is not None and end_epoch <= start_epoch:
+            raise ConfigurationError(
+                f"end_epoch={end_epoch} must be greater than start_epoch={start_epoch} (or None)."
+            )
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch} must be >= 1 or None.")
+        self.initial_lr = float(initial_lr)
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase and self.steps_per_epoch is None:
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ConfigurationError(
+                    "LearningRateScheduleCallback(staircase=False) cannot tell the number of "
+                    "batches per epoch (the dataset has no known length); pass steps_per_epoch=."
+                )
+            self.steps_per_epoch = int(steps)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def _in_window(self) -> bool:
+        return self._epoch >= self.start_epoch and (
+            self.end_epoch is None or self._epoch < self.end_epoch
+        )
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._in_window():
+            return
+        if self.staircase:
+            if batch != 0:
+                return
+            epoch = self._epoch
+        else:
+            epoch = self._epoch + batch / self.steps_per_epoch
+        try:
+            self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+        except TypeError as exc:
+            raise ConfigurationError(
+                "LearningRateScheduleCallback needs an optimizer with a float learning rate; "
+                "this one uses a schedule. Pass a float learning_rate."
+            ) from exc
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
 
 class RankZeroOnly(keras.callbacks.Callback):

@@ -1,10 +1,14 @@
 """Collective operations for ``tf.Tensor``, ``tf.Variable`` and numpy arrays.
 
-Every function works eagerly and inside ``tf.function``; numpy in gives numpy
-out. In a job of size 1 (no launcher) each is the identity. The Horovod names
-and semantics are kept (``allreduce(..., op=Average)``, ``alltoall`` returning
-``(tensor, received_splits)`` when ``splits`` is given), so Horovod code only
-changes its import.
+The tensor collectives work eagerly and inside ``tf.function``;
+``broadcast_object``/``allgather_object`` are eager only. Numpy in gives numpy
+out. In a job of size 1 (no launcher) each is the identity (with Horovod's
+pre/postscale arithmetic). The Horovod names, argument order and semantics are
+kept (``allreduce(tensor, average=None, device_dense='', device_sparse='',
+compression=..., op=None, prescale_factor=1.0, postscale_factor=1.0, name=None)``,
+``alltoall`` returning ``(tensor, received_splits)`` when ``splits`` is given),
+so Horovod code only changes its import. Process sets are not supported: every
+collective runs over the whole job.
 
 Shapes, with ``S = size()``:
 
@@ -22,16 +26,28 @@ neighbor_exchange      one tensor per peer   one tensor per ``recv_from`` entry
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from . import _progress, runtime
+from . import _compat, _progress, runtime
 from .backends import ReduceOp
-from .errors import CollectiveError, CollectiveMismatchError, ConfigurationError
+from .errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    ConfigurationError,
+    NotSupportedError,
+)
+
+#: What the tensor collectives accept: a tensor, a (Keras) variable, numpy or Python numbers.
+TensorLike = tf.Tensor | tf.Variable | np.ndarray | float | int | Sequence
+#: What they return: a ``tf.Tensor``, or numpy when numpy/Python values were given.
+TensorOut = tf.Tensor | np.ndarray
 
 __all__ = [
     "ReduceOp",
@@ -43,10 +59,14 @@ __all__ = [
     "allreduce",
     "grouped_allreduce",
     "allgather",
+    "grouped_allgather",
     "broadcast",
+    "broadcast_",
     "broadcast_variables",
     "reducescatter",
+    "grouped_reducescatter",
     "alltoall",
+    "join",
     "neighbor_exchange",
     "broadcast_object",
     "allgather_object",
@@ -60,12 +80,80 @@ Product = ReduceOp.PRODUCT
 
 _eager_call_ids = itertools.count()
 
+# These functions are plain Python around TF ops and must not be rewritten by
+# AutoGraph when a user's tf.function calls them: converted, hvdkit's own
+# argument checks (Python ints, the backend object) were traced wrongly.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+class TFCollectiveMismatchError(CollectiveMismatchError, tf.errors.FailedPreconditionError):
+    """:class:`~hvdkit.errors.CollectiveMismatchError` that is also Horovod's error class.
+
+    Horovod 0.28.1 reports ranks that disagree (shape, dtype, root rank, op)
+    as ``tf.errors.FailedPreconditionError``, eagerly and inside
+    ``tf.function``. hvdkit raises this class eagerly, so both
+    ``except hvdkit.CollectiveMismatchError`` and Horovod-style
+    ``except tf.errors.FailedPreconditionError`` catch it. (Inside a
+    ``tf.function`` TensorFlow itself raises ``FailedPreconditionError``.)
+    """
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+        self.args = (message,)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
 
 # --------------------------------------------------------------------------- helpers
 def _check_op(op: Any, allowed: Sequence[ReduceOp] = tuple(ReduceOp), what: str = "allreduce"):
     if op not in allowed:
         names = ", ".join(f"hvdkit.{o.name.title()}" for o in allowed)
         raise ConfigurationError(f"{what} does not support op={op!r}; use one of {names}.")
+
+
+def _resolve_op(op: ReduceOp | None, average: bool | None, what: str) -> ReduceOp:
+    """Horovod's rule for the deprecated ``average=``: ``op`` wins, both is an error."""
+    if op is not None:
+        if average is not None:
+            raise ConfigurationError(
+                f"{what}: got both op={op!r} and average={average!r}; op supersedes the "
+                "deprecated average argument. Pass only op."
+            )
+        _check_op(op, what=what)
+        return op
+    if average is not None:
+        warnings.warn(
+            f"{what}(average=...) is deprecated (as in Horovod); pass op=hvdkit.Average "
+            "or op=hvdkit.Sum.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average
+
+
+def _check_process_set(process_set: Any, what: str) -> None:
+    if process_set is not None:
+        raise ConfigurationError(
+            f"{what}: process_set={process_set!r} is not supported; hvdkit's collectives "
+            "always run over the whole job. Drop the process_set argument."
+        )
+
+
+def _check_scale(prescale_factor: float, postscale_factor: float, what: str) -> None:
+    for label, factor in (
+        ("prescale_factor", prescale_factor),
+        ("postscale_factor", postscale_factor),
+    ):
+        if not isinstance(factor, (int, float, np.integer, np.floating)) or isinstance(
+            factor, bool
+        ):
+            raise ConfigurationError(f"{what}: {label}={factor!r} must be a Python number.")
+
+
+def _device(device: str):
+    return tf.device(device) if device else contextlib.nullcontext()
 
 
 def _as_tensor(value: Any) -> tuple[tf.Tensor, bool]:
@@ -93,7 +181,8 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
     """Call a backend collective and turn Horovod's errors into hvdkit's.
 
     Only eager calls can be translated: inside ``tf.function`` the error is
-    raised by TensorFlow when the function runs, with Horovod's message.
+    raised by TensorFlow when the function runs, with Horovod's message and
+    Horovod's class (``FailedPreconditionError`` for a mismatch).
     """
     if not tf.executing_eagerly():
         return fn()
@@ -108,11 +197,11 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
             # ranks can exchange what they passed and name it in the message.
             seen = runtime.backend().allgather_object(tensor_info)
             per_rank = "; ".join(f"rank {r}: {info}" for r, info in enumerate(seen))
-            raise CollectiveMismatchError(
-                f"{what} of tensor {label} failed: ranks passed incompatible tensors "
+            raise TFCollectiveMismatchError(
+                f"{what} of tensor {label} failed: ranks passed incompatible arguments "
                 f"({per_rank}). Horovod reports: {detail}. Make every rank call {what} "
-                "with the same dtype and shape (allgather/alltoall: the same trailing "
-                "dimensions)."
+                "with the same dtype, shape and root rank (allgather/alltoall: the same "
+                "trailing dimensions)."
             ) from None
         here = f"rank {runtime.rank()} passed {tensor_info}"
         raise CollectiveError(f"{what} of tensor {label} failed ({here}): {detail}") from exc
@@ -124,40 +213,127 @@ def _out(tensor: tf.Tensor, as_numpy: bool):
     return np.asarray(tensor.numpy()) if as_numpy else tensor
 
 
+def _reduce_slices(
+    slices: Sequence[tf.IndexedSlices], op: ReduceOp, prescale: float, postscale: float, what: str
+) -> list[tf.IndexedSlices]:
+    """Horovod's sparse allreduce: allgather values and indices; Average divides by size."""
+    if op not in (Sum, Average):
+        raise NotSupportedError(
+            f"{what} of tf.IndexedSlices supports only op=hvdkit.Sum or hvdkit.Average (as "
+            f"Horovod); got op={op!r}. Densify first with tf.convert_to_tensor(slices) to use "
+            "other ops."
+        )
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotSupportedError(
+            f"{what}: prescale_factor/postscale_factor are not supported with tf.IndexedSlices "
+            f"(as Horovod); got {prescale}/{postscale}. Scale the values yourself."
+        )
+    values = grouped_allgather([s.values for s in slices])
+    indices = grouped_allgather([s.indices for s in slices])
+    n = runtime.size()
+    out = []
+    for v, i, s in zip(values, indices, slices, strict=True):
+        if op == Average:
+            v = v / tf.cast(n, v.dtype)
+        out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
+    return out
+
+
 # --------------------------------------------------------------------------- tensors
-def allreduce(tensor, op: ReduceOp = Average, name: str | None = None):
-    """Reduce ``tensor`` over all ranks; every rank gets the result.
+@_no_autograph
+def allreduce(
+    tensor: TensorLike | tf.IndexedSlices,
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    process_set: None = None,
+    ignore_name_scope: bool = False,
+) -> TensorOut | tf.IndexedSlices:
+    """Reduce ``tensor`` over all ranks; every rank gets the result (Horovod's signature).
+
+    Computes ``postscale_factor * reduce_r(prescale_factor * tensor_r)``;
+    ``Average`` is the sum divided by ``size()``. Integer tensors are scaled
+    in float64 and truncated toward zero, as Horovod does (so ``Average`` of
+    ints rounds toward zero).
 
     Args:
-        tensor: ``tf.Tensor``, ``tf.Variable`` or numpy array; the same shape
-            and dtype on every rank.
+        tensor: ``tf.Tensor``, ``tf.Variable``, numpy array or
+            ``tf.IndexedSlices``; the same shape and dtype on every rank. An
+            ``IndexedSlices`` (``dense_shape`` may be ``None``) is allgathered:
+            the result holds every rank's rows (``Average`` divides values by
+            ``size()``); only ``Sum``/``Average`` and no scaling are allowed.
+        average: deprecated (Horovod 0.19): ``True`` is ``op=Average``,
+            ``False`` ``op=Sum``; giving it with ``op`` is an error.
+        device_dense, device_sparse: device for dense / sparse inputs
+            (``""``: TensorFlow's choice).
+        compression: ``hvdkit.Compression.none`` (``None``) or ``.fp16``.
         op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
-            ``Average`` of an integer tensor rounds toward zero, as Horovod.
-        name: Label used in error messages and by Horovod to match the call
+        prescale_factor, postscale_factor: multiply before / after reducing.
+        name: label used in error messages and by Horovod to match the call
             across ranks.
+        process_set: only ``None`` (the whole job).
+        ignore_name_scope: accepted for Horovod code; names only, no effect
+            on results.
 
     Returns:
         Same shape and dtype as ``tensor`` (numpy if numpy was given).
 
     Raises:
-        CollectiveMismatchError: ranks passed different shapes or dtypes.
+        CollectiveMismatchError: ranks passed different shapes or dtypes;
+            also a ``tf.errors.FailedPreconditionError``, like Horovod's.
+        NotSupportedError: ``IndexedSlices`` with ``Min``/``Max``/``Product``
+            or with scaling (a ``NotImplementedError``, like Horovod's).
 
     Example:
         >>> hvdkit.allreduce(np.array([hvdkit.rank() + 1.0]), op=hvdkit.Sum)
         array([3.])   # on both ranks of a 2-process job
+        >>> hvdkit.allreduce(np.array([2.0]), op=hvdkit.Sum, postscale_factor=0.5)
+        array([2.])   # (2 + 2) * 0.5
     """
-    _check_op(op)
+    op = _resolve_op(op, average, "allreduce")
+    _check_process_set(process_set, "allreduce")
+    _check_scale(prescale_factor, postscale_factor, "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        with _device(device_sparse):
+            return _reduce_slices([tensor], op, prescale_factor, postscale_factor, "allreduce")[0]
     t, as_numpy = _as_tensor(tensor)
-    out = _run("allreduce", name, _describe(t), lambda: runtime.backend().allreduce(t, op, name))
+    with _device(device_dense):
+        t, ctx = compression.compress(t) if compression is not None else (t, None)
+        out = _run(
+            "allreduce",
+            name,
+            _describe(t),
+            lambda: runtime.backend().allreduce(t, op, name, prescale_factor, postscale_factor),
+        )
+        if compression is not None:
+            out = compression.decompress(out, ctx)
     return _out(out, as_numpy)
 
 
-def grouped_allreduce(tensors: Sequence, op: ReduceOp = Average, name: str | None = None) -> list:
-    """Allreduce several tensors in one fused operation (one round of messages).
+@_no_autograph
+def grouped_allreduce(
+    tensors: Sequence[TensorLike | tf.IndexedSlices],
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: None = None,
+    ignore_name_scope: bool = False,
+    name: str | None = None,
+) -> list[TensorOut | tf.IndexedSlices]:
+    """Allreduce several tensors in one fused operation (Horovod's signature).
 
-    Args:
-        tensors: list of tensors/arrays; each may have its own shape and dtype.
-        op: as in :func:`allreduce`.
+    Arguments as :func:`allreduce`. Tensors may differ in shape and dtype
+    (one fused exchange per dtype); ``tf.IndexedSlices`` entries are
+    allgathered as in :func:`allreduce`.
 
     Returns:
         List of reduced tensors, in input order.
@@ -165,27 +341,68 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp = Average, name: str | Non
     Example:
         >>> w, b = hvdkit.grouped_allreduce([grad_w, grad_b])
     """
-    _check_op(op, what="grouped_allreduce")
-    converted = [_as_tensor(t) for t in tensors]
-    if not converted:
+    op = _resolve_op(op, average, "grouped_allreduce")
+    _check_process_set(process_set, "grouped_allreduce")
+    _check_scale(prescale_factor, postscale_factor, "grouped_allreduce")
+    if not tensors:
         return []
-    ts = [t for t, _ in converted]
-    info = "; ".join(_describe(t) for t in ts)
-    outs = _run(
-        "grouped_allreduce", name, info, lambda: runtime.backend().grouped_allreduce(ts, op, name)
-    )
-    return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
+    out: list = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        with _device(device_sparse):
+            reduced = _reduce_slices(
+                [tensors[i] for i in sparse],
+                op,
+                prescale_factor,
+                postscale_factor,
+                "grouped_allreduce",
+            )
+        for i, r in zip(sparse, reduced, strict=True):
+            out[i] = r
+    dense = [i for i in range(len(tensors)) if i not in set(sparse)]
+    if dense:
+        converted = [_as_tensor(tensors[i]) for i in dense]
+        with _device(device_dense):
+            packed = [
+                compression.compress(t) if compression is not None else (t, None)
+                for t, _ in converted
+            ]
+            ts = [t for t, _ in packed]
+            info = "; ".join(_describe(t) for t in ts)
+            outs = _run(
+                "grouped_allreduce",
+                name,
+                info,
+                lambda: runtime.backend().grouped_allreduce(
+                    ts, op, name, prescale_factor, postscale_factor
+                ),
+            )
+            if compression is not None:
+                outs = [
+                    compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed, strict=True)
+                ]
+        for i, o, (_, as_np) in zip(dense, outs, converted, strict=True):
+            out[i] = _out(o, as_np)
+    return out
 
 
-def allgather(tensor, name: str | None = None):
+@_no_autograph
+def allgather(
+    tensor: TensorLike,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: None = None,
+) -> TensorOut:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
-    The first dimension may differ between ranks; the others must match.
+    The first dimension may differ between ranks; the others must match. A
+    scalar is gathered as a vector of one element per rank.
 
     Example:
         >>> hvdkit.allgather(np.full([hvdkit.rank() + 1, 2], hvdkit.rank()))
         array([[0, 0], [1, 1], [1, 1]])   # shape [3, 2] on both ranks of 2
     """
+    _check_process_set(process_set, "allgather")
     t, as_numpy = _as_tensor(tensor)
     if t.shape.rank == 0:
         t = tf.reshape(t, [1])
@@ -193,32 +410,129 @@ def allgather(tensor, name: str | None = None):
     return _out(out, as_numpy)
 
 
-def broadcast(tensor, root_rank: int = 0, name: str | None = None):
+@_no_autograph
+def grouped_allgather(
+    tensors: Sequence[TensorLike],
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: None = None,
+) -> list[TensorOut]:
+    """:func:`allgather` of several tensors in one fused operation, in input order.
+
+    Horovod requires one dtype for the whole group; hvdkit accepts mixed
+    dtypes (one fused exchange per dtype).
+
+    Example:
+        >>> x, y = hvdkit.grouped_allgather([features, labels])  # rows of every rank
+    """
+    _check_process_set(process_set, "grouped_allgather")
+    converted = [_as_tensor(t) for t in tensors]
+    if not converted:
+        return []
+    ts = [tf.reshape(t, [1]) if t.shape.rank == 0 else t for t, _ in converted]
+    info = "; ".join(_describe(t) for t in ts)
+    outs = _run(
+        "grouped_allgather", name, info, lambda: runtime.backend().grouped_allgather(ts, name)
+    )
+    return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
+
+
+@_no_autograph
+def broadcast(
+    tensor: TensorLike,
+    root_rank: int = 0,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: None = None,
+) -> TensorOut:
     """Every rank receives ``root_rank``'s ``tensor`` (same shape/dtype on all ranks).
+
+    Raises:
+        CollectiveMismatchError: ranks passed different shapes, dtypes or
+            root ranks (also a ``tf.errors.FailedPreconditionError``).
 
     Example:
         >>> hvdkit.broadcast(np.array([hvdkit.rank()]), root_rank=1)
         array([1])   # on every rank
     """
+    _check_process_set(process_set, "broadcast")
     _check_root(root_rank, "broadcast")
     t, as_numpy = _as_tensor(tensor)
     out = _run(
-        "broadcast", name, _describe(t), lambda: runtime.backend().broadcast(t, root_rank, name)
+        "broadcast",
+        name,
+        f"{_describe(t)} root_rank {root_rank}",
+        lambda: runtime.backend().broadcast(t, root_rank, name),
     )
     return _out(out, as_numpy)
 
 
-def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:
+@_no_autograph
+def broadcast_(
+    variables: Sequence[tf.Variable],
+    root_rank: int,
+    name: str | None = None,
+    process_set: None = None,
+) -> list[tf.Tensor]:
+    """In-place broadcast (Horovod's ``broadcast_``): overwrite ``variables`` with root's values.
+
+    Args:
+        variables: ``tf.Variable``/``keras.Variable`` objects, the same
+            shapes and dtypes in the same order on every rank.
+
+    Returns:
+        The variables' new values, one tensor per variable.
+
+    Example:
+        >>> v = tf.Variable([float(hvdkit.rank())])
+        >>> hvdkit.broadcast_([v], root_rank=1)
+        [<tf.Tensor: numpy=array([1.], dtype=float32)>]   # and v holds [1.] on every rank
+    """
+    _check_process_set(process_set, "broadcast_")
+    _check_root(root_rank, "broadcast_")
+    variables = list(variables)
+    try:
+        tf_vars = [_compat.tf_variable(v) for v in variables]
+    except TypeError as exc:
+        raise ConfigurationError(f"broadcast_: {exc}") from None
+    if not tf_vars:
+        return []
+    info = (
+        "; ".join(_describe(tf.convert_to_tensor(v)) for v in tf_vars) + f" root_rank {root_rank}"
+    )
+    return list(
+        _run(
+            "broadcast_",
+            name,
+            info,
+            lambda: runtime.backend().broadcast_inplace(tf_vars, root_rank, name),
+        )
+    )
+
+
+@_no_autograph
+def broadcast_variables(
+    variables: Sequence[tf.Variable],
+    root_rank: int = 0,
+    process_set: None = None,
+    inplace: bool = False,
+) -> None:
     """Overwrite ``variables`` in place with their values on ``root_rank``.
 
     Args:
         variables: ``tf.Variable``/``keras.Variable`` objects, in the same
             order on every rank (e.g. ``model.variables``).
+        inplace: use :func:`broadcast_` (one fused in-place exchange) instead
+            of one broadcast and assign per variable; same result.
 
     Example:
         >>> hvdkit.broadcast_variables(model.variables, root_rank=0)
     """
+    _check_process_set(process_set, "broadcast_variables")
     _check_root(root_rank, "broadcast_variables")
+    if inplace:
+        broadcast_(variables, root_rank)
+        return
     for i, var in enumerate(variables):
         t = tf.convert_to_tensor(var)
         label = f"broadcast_variables[{i}] {getattr(var, 'path', getattr(var, 'name', ''))}"
@@ -231,30 +545,111 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) ->
         var.assign(out)
 
 
-def reducescatter(tensor, op: ReduceOp = Average, name: str | None = None):
+def _check_scatterable(t: tf.Tensor, what: str) -> None:
+    if t.shape.rank == 0:
+        raise ConfigurationError(
+            f"{what} needs a tensor with at least one dimension to split; got a scalar. "
+            "Reshape it to [1] or use allreduce."
+        )
+
+
+@_no_autograph
+def reducescatter(
+    tensor: TensorLike,
+    device_dense: str = "",
+    compression: Any = None,
+    op: ReduceOp = Average,
+    name: str | None = None,
+    process_set: None = None,
+    ignore_name_scope: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> TensorOut:
     """Reduce over ranks, then give each rank one block of rows of the result.
 
-    With ``d0`` rows and ``S`` ranks, rank ``r`` gets ``d0 // S`` rows, plus one
-    more if ``r < d0 % S``, in rank order (Horovod's split).
+    Horovod's signature. With ``d0`` rows and ``S`` ranks, rank ``r`` gets
+    ``d0 // S`` rows, plus one more if ``r < d0 % S``, in rank order.
+    ``op`` is ``Average`` (default) or ``Sum``; the scale factors work as in
+    :func:`allreduce`.
 
     Example (2 ranks, Sum):
         rank 0 has ``[[1], [2], [3]]``, rank 1 has ``[[10], [20], [30]]``
         → rank 0 gets ``[[11], [22]]``, rank 1 gets ``[[33]]``.
     """
     _check_op(op, (Average, Sum), "reducescatter")
+    _check_process_set(process_set, "reducescatter")
+    _check_scale(prescale_factor, postscale_factor, "reducescatter")
     t, as_numpy = _as_tensor(tensor)
-    if t.shape.rank == 0:
-        raise ConfigurationError(
-            "reducescatter needs a tensor with at least one dimension to split; got a "
-            "scalar. Reshape it to [1] or use allreduce."
+    _check_scatterable(t, "reducescatter")
+    with _device(device_dense):
+        t, ctx = compression.compress(t) if compression is not None else (t, None)
+        out = _run(
+            "reducescatter",
+            name,
+            _describe(t),
+            lambda: runtime.backend().reducescatter(t, op, name, prescale_factor, postscale_factor),
         )
-    out = _run(
-        "reducescatter", name, _describe(t), lambda: runtime.backend().reducescatter(t, op, name)
-    )
+        if compression is not None:
+            out = compression.decompress(out, ctx)
     return _out(out, as_numpy)
 
 
-def alltoall(tensor, splits=None, name: str | None = None):
+@_no_autograph
+def grouped_reducescatter(
+    tensors: Sequence[TensorLike],
+    device_dense: str = "",
+    compression: Any = None,
+    op: ReduceOp = Average,
+    process_set: None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+) -> list[TensorOut]:
+    """:func:`reducescatter` of several tensors in one fused operation (Horovod's signature).
+
+    Each tensor is split by its own first dimension. Horovod requires one
+    dtype for the group; hvdkit accepts mixed dtypes (one exchange per dtype).
+
+    Example (2 ranks, Sum): ``[a, b]`` with ``a`` of 4 rows and ``b`` of 3 →
+    rank 0 gets rows 0-1 of ``sum(a)`` and rows 0-1 of ``sum(b)``, rank 1 gets
+    rows 2-3 and row 2.
+    """
+    _check_op(op, (Average, Sum), "grouped_reducescatter")
+    _check_process_set(process_set, "grouped_reducescatter")
+    _check_scale(prescale_factor, postscale_factor, "grouped_reducescatter")
+    converted = [_as_tensor(t) for t in tensors]
+    if not converted:
+        return []
+    for t, _ in converted:
+        _check_scatterable(t, "grouped_reducescatter")
+    with _device(device_dense):
+        packed = [
+            compression.compress(t) if compression is not None else (t, None) for t, _ in converted
+        ]
+        ts = [t for t, _ in packed]
+        outs = _run(
+            "grouped_reducescatter",
+            name,
+            "; ".join(_describe(t) for t in ts),
+            lambda: runtime.backend().grouped_reducescatter(
+                ts, op, name, prescale_factor, postscale_factor
+            ),
+        )
+        if compression is not None:
+            outs = [
+                compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed, strict=True)
+            ]
+    return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
+
+
+@_no_autograph
+def alltoall(
+    tensor: TensorLike,
+    splits: TensorLike | None = None,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: None = None,
+) -> TensorOut | tuple[TensorOut, TensorOut]:
     """Send row block ``j`` of ``tensor`` to rank ``j``; receive one block from each rank.
 
     Args:
@@ -270,6 +665,7 @@ def alltoall(tensor, splits=None, name: str | None = None):
     sends ``[7, 8]`` with splits ``[2, 0]`` → rank 0 receives ``[0, 7, 8]``
     (splits ``[1, 2]``), rank 1 receives ``[1, 2]`` (splits ``[2, 0]``).
     """
+    _check_process_set(process_set, "alltoall")
     t, as_numpy = _as_tensor(tensor)
     n = runtime.size()
     if t.shape.rank == 0:
@@ -302,6 +698,7 @@ def alltoall(tensor, splits=None, name: str | None = None):
     return _out(received, as_numpy), _out(rsplits, as_numpy)
 
 
+@_no_autograph
 def neighbor_exchange(
     tensors, send_to: Sequence[int], recv_from: Sequence[int], name: str | None = None
 ):
@@ -411,22 +808,69 @@ def neighbor_exchange(
     return [_out(tf.reshape(pieces[i], pattern[i, me, 2:]), as_numpy) for i in recv_from]
 
 
+@_no_autograph
+def join() -> tf.Tensor:
+    """Mark this rank as done with its data (Horovod's ``join``); returns the last rank to join.
+
+    Until every rank has joined, the ranks that have not keep calling
+    :func:`allreduce` (and the gradient allreduces of the optimizer) without
+    waiting for the joined ones, which contribute zeros: ``op=Sum`` adds
+    only the active ranks' tensors, and ``op=Average`` still divides by
+    ``size()``. Other collectives (allgather, broadcast, alltoall,
+    reducescatter) are refused by Horovod while a rank is joined. Blocks
+    until all ranks joined.
+
+    Returns:
+        int32 scalar tensor: the rank that joined last (the same on every rank).
+
+    Example (rank 1 has one batch more than rank 0):
+        >>> for batch in my_batches:
+        ...     train_step(batch)          # its allreduces go on without rank 0
+        >>> hvdkit.join()
+    """
+    _compat.refuse_xla("hvdkit.join")
+    return _run("join", None, "join", lambda: runtime.backend().join())
+
+
 # --------------------------------------------------------------------------- objects
-def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+def _check_session(session: Any, what: str) -> None:
+    if session is not None:
+        raise ConfigurationError(
+            f"{what}: session={session!r} is a TensorFlow 1 argument; hvdkit runs eagerly "
+            "(TensorFlow 2). Drop it."
+        )
+
+
+def broadcast_object(
+    obj: Any,
+    root_rank: int = 0,
+    session: None = None,
+    name: str | None = None,
+    process_set: None = None,
+) -> Any:
     """Send a picklable Python object from ``root_rank`` to every rank (eager only).
+
+    ``session``, ``name`` and ``process_set`` are Horovod's arguments;
+    only their defaults are supported (``name`` is accepted and unused).
 
     Example:
         >>> config = hvdkit.broadcast_object(config if hvdkit.rank() == 0 else None)
     """
+    _check_session(session, "broadcast_object")
+    _check_process_set(process_set, "broadcast_object")
     _check_root(root_rank, "broadcast_object")
     return runtime.backend().broadcast_object(obj, root_rank)
 
 
-def allgather_object(obj: Any) -> list[Any]:
+def allgather_object(
+    obj: Any, session: None = None, name: str | None = None, process_set: None = None
+) -> list[Any]:
     """List of every rank's picklable object, in rank order (eager only).
 
     Example:
         >>> hvdkit.allgather_object({"rank": hvdkit.rank()})
         [{'rank': 0}, {'rank': 1}]
     """
+    _check_session(session, "allgather_object")
+    _check_process_set(process_set, "allgather_object")
     return runtime.backend().allgather_object(obj)

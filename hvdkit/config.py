@@ -17,6 +17,9 @@ OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"  # mpirun / horovodrun --mpi (Open MPI)
 PMI_SIZE = "PMI_SIZE"  # MPICH / Intel MPI
 LAUNCHER_SIZE_VARS = (HOROVOD_SIZE, OMPI_SIZE, PMI_SIZE)
 
+# --- Horovod settings hvdkit honours in a job of size 1 too ---
+HOROVOD_TIMELINE = "HOROVOD_TIMELINE"  # "DYNAMIC" allows start_timeline()/stop_timeline()
+
 # --- hvdkit's own settings ---
 BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launched
 INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"

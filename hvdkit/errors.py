@@ -18,6 +18,7 @@ __all__ = [
     "DataFormatError",
     "LaunchError",
     "InputPipelineError",
+    "NotSupportedError",
 ]
 
 
@@ -34,11 +35,24 @@ class CollectiveError(HvdkitError, RuntimeError):
 
 
 class CollectiveMismatchError(CollectiveError, ValueError):
-    """Ranks called the same collective with incompatible shapes, dtypes or patterns."""
+    """Ranks called the same collective with incompatible shapes, dtypes or patterns.
+
+    What the collectives raise is also a ``tf.errors.FailedPreconditionError``,
+    the class Horovod raises for the same mistake, so Horovod code that catches
+    that class keeps working (see :mod:`hvdkit.collectives`; this module does
+    not import TensorFlow, so that the launcher starts without it).
+    """
 
 
 class ConfigurationError(HvdkitError, ValueError):
     """An argument or setting is invalid, or two settings conflict."""
+
+
+class NotSupportedError(HvdkitError, NotImplementedError):
+    """A combination Horovod also refuses with ``NotImplementedError``.
+
+    For example ``allreduce`` of a ``tf.IndexedSlices`` with ``op=Min``.
+    """
 
 
 class ShardingError(HvdkitError, ValueError):

@@ -6,7 +6,7 @@ script runs unchanged with or without a launcher.
 
 from .base import Backend, ReduceOp
 
-__all__ = ["Backend", "ReduceOp", "create"]
+__all__ = ["Backend", "ReduceOp", "build_flags", "create"]
 
 
 def create(name: str) -> Backend:
@@ -25,3 +25,10 @@ def create(name: str) -> Backend:
         f"unknown backend {name!r}; expected 'horovod' (the default under a "
         "launcher) or 'local' (single process, collectives are the identity)."
     )
+
+
+def build_flags() -> dict[str, int]:
+    """What the installed Horovod was built with, whichever backend runs (see horovod.py)."""
+    from .horovod import build_flags as flags
+
+    return flags()

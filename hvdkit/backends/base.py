@@ -58,21 +58,66 @@ class Backend(abc.ABC):
     def shutdown(self) -> None: ...
 
     @abc.abstractmethod
-    def allreduce(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor: ...
+    def allreduce(
+        self,
+        tensor: tf.Tensor,
+        op: ReduceOp,
+        name: str | None,
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+    ) -> tf.Tensor:
+        """``postscale * reduce_r(prescale * tensor_r)``; ``Average`` divides the sum by size.
+
+        Integer tensors are scaled in float64 (float16 in float32) and cast
+        back, truncating toward zero, as Horovod's CPU kernels do.
+        """
 
     @abc.abstractmethod
     def grouped_allreduce(
-        self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str | None
+        self,
+        tensors: Sequence[tf.Tensor],
+        op: ReduceOp,
+        name: str | None,
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
     ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod
     def allgather(self, tensor: tf.Tensor, name: str | None) -> tf.Tensor: ...
 
     @abc.abstractmethod
+    def grouped_allgather(
+        self, tensors: Sequence[tf.Tensor], name: str | None
+    ) -> list[tf.Tensor]: ...
+
+    @abc.abstractmethod
     def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str | None) -> tf.Tensor: ...
 
     @abc.abstractmethod
-    def reducescatter(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor: ...
+    def broadcast_inplace(
+        self, variables: Sequence[tf.Variable], root_rank: int, name: str | None
+    ) -> list[tf.Tensor]:
+        """Overwrite ``variables`` with root's values; returns their new values."""
+
+    @abc.abstractmethod
+    def reducescatter(
+        self,
+        tensor: tf.Tensor,
+        op: ReduceOp,
+        name: str | None,
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+    ) -> tf.Tensor: ...
+
+    @abc.abstractmethod
+    def grouped_reducescatter(
+        self,
+        tensors: Sequence[tf.Tensor],
+        op: ReduceOp,
+        name: str | None,
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+    ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod
     def alltoall(
@@ -85,3 +130,28 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    @abc.abstractmethod
+    def join(self) -> tf.Tensor:
+        """Mark this rank done; int32 scalar: the last rank that joined."""
+
+    # ------------------------------------------------------------ introspection
+    @abc.abstractmethod
+    def topology_op(self, which: str, name: str | None) -> tf.Tensor:
+        """int32 scalar op giving ``rank``/``size``/``local_rank``/``local_size`` when run."""
+
+    @abc.abstractmethod
+    def transport(self) -> str | None:
+        """``"mpi"``, ``"gloo"`` or ``None`` (no transport: a local job)."""
+
+    @abc.abstractmethod
+    def mpi_threads_supported(self) -> bool: ...
+
+    @abc.abstractmethod
+    def is_homogeneous(self) -> bool: ...
+
+    @abc.abstractmethod
+    def start_timeline(self, file_path: str, mark_cycles: bool) -> None: ...
+
+    @abc.abstractmethod
+    def stop_timeline(self) -> None: ...

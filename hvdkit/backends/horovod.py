@@ -4,36 +4,67 @@ Uses ``horovod.tensorflow`` (the TF collectives) and never
 ``horovod.tensorflow.keras``, whose optimizer wrapper does not work with
 Keras 3 (see :mod:`hvdkit._compat`). Transport (MPI or Gloo) is whatever the
 launcher chose; hvdkit does not care.
+
+Importing this module never fails: without Horovod, :func:`build_flags`
+reports nothing built and :class:`HorovodBackend` refuses to start.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
+from .. import _compat
 from ..errors import ConfigurationError
 from .base import Backend, ReduceOp
 
 try:
     import horovod.tensorflow as hvd
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ConfigurationError(
-        "hvdkit was launched as part of a multi-process job but Horovod is not "
-        f"importable ({exc}). Build it with `scripts/install.sh`, or run without a "
-        "launcher (or with HVDKIT_BACKEND=local) for a single process."
-    ) from exc
+    hvd = None
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
 
-_OPS = {
-    ReduceOp.AVERAGE: hvd.Average,
-    ReduceOp.SUM: hvd.Sum,
-    ReduceOp.MIN: hvd.Min,
-    ReduceOp.MAX: hvd.Max,
-    ReduceOp.PRODUCT: hvd.Product,
-}
 _barrier_ids = itertools.count()
+BUILD_FLAGS = ("mpi", "gloo", "nccl", "ccl", "cuda", "rocm", "ddl")
+
+
+def build_flags() -> dict[str, int]:
+    """What the installed Horovod was compiled with (works before and without ``init``).
+
+    ``nccl`` is NCCL's version code (0 when not built), the others 0 or 1,
+    as Horovod's ``*_built()`` functions return them. All 0 when Horovod is
+    not installed.
+    """
+    if hvd is None:
+        return dict.fromkeys(BUILD_FLAGS, 0)
+    return {flag: int(getattr(hvd, f"{flag}_built")()) for flag in BUILD_FLAGS}
+
+
+def _op(op: ReduceOp):
+    return {
+        ReduceOp.AVERAGE: hvd.Average,
+        ReduceOp.SUM: hvd.Sum,
+        ReduceOp.MIN: hvd.Min,
+        ReduceOp.MAX: hvd.Max,
+        ReduceOp.PRODUCT: hvd.Product,
+    }[op]
+
+
+def _by_dtype(tensors: Sequence[tf.Tensor], fn: Callable[[list], list]) -> list:
+    """Apply a grouped Horovod op once per dtype (Horovod fuses one dtype per group)."""
+    groups: dict[tf.DType, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    out: list = [None] * len(tensors)
+    for indices in groups.values():
+        for i, t in zip(indices, fn([tensors[i] for i in indices]), strict=True):
+            out[i] = t
+    return out
 
 
 class HorovodBackend(Backend):
@@ -42,6 +73,12 @@ class HorovodBackend(Backend):
     name = "horovod"
 
     def __init__(self) -> None:
+        if hvd is None:
+            raise ConfigurationError(
+                "hvdkit was launched as part of a multi-process job but Horovod is not "
+                f"importable ({_IMPORT_ERROR}). Build it with `scripts/install.sh`, or run "
+                "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
+            )
         hvd.init()
 
     def rank(self) -> int:
@@ -71,35 +108,59 @@ class HorovodBackend(Backend):
     def shutdown(self) -> None:
         hvd.shutdown()
 
-    def allreduce(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor:
-        return hvd.allreduce(tensor, op=_OPS[op], name=name)
+    def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
+        return hvd.allreduce(
+            tensor,
+            op=_op(op),
+            name=name,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+        )
 
-    def grouped_allreduce(
-        self, tensors: Sequence[tf.Tensor], op: ReduceOp, name: str | None
-    ) -> list[tf.Tensor]:
-        # Horovod fuses only tensors of one dtype per group: one group per dtype.
-        by_dtype: dict[tf.DType, list[int]] = {}
-        for i, t in enumerate(tensors):
-            by_dtype.setdefault(t.dtype, []).append(i)
-        out: list = [None] * len(tensors)
-        for indices in by_dtype.values():
-            reduced = hvd.grouped_allreduce([tensors[i] for i in indices], op=_OPS[op])
-            for i, t in zip(indices, reduced, strict=True):
-                out[i] = t
-        return out
+    def grouped_allreduce(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
+        return _by_dtype(
+            tensors,
+            lambda group: hvd.grouped_allreduce(
+                group,
+                op=_op(op),
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+            ),
+        )
 
-    def allgather(self, tensor: tf.Tensor, name: str | None) -> tf.Tensor:
+    def allgather(self, tensor, name):
         return hvd.allgather(tensor, name=name)
 
-    def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str | None) -> tf.Tensor:
+    def grouped_allgather(self, tensors, name):
+        return _by_dtype(tensors, lambda group: hvd.grouped_allgather(group))
+
+    def broadcast(self, tensor, root_rank, name):
         return hvd.broadcast(tensor, root_rank, name=name)
 
-    def reducescatter(self, tensor: tf.Tensor, op: ReduceOp, name: str | None) -> tf.Tensor:
-        return hvd.reducescatter(tensor, op=_OPS[op], name=name)
+    def broadcast_inplace(self, variables, root_rank, name):
+        return hvd.broadcast_([_compat.tf_variable(v) for v in variables], root_rank, name=name)
 
-    def alltoall(
-        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None
-    ) -> tuple[tf.Tensor, tf.Tensor]:
+    def reducescatter(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
+        return hvd.reducescatter(
+            tensor,
+            op=_op(op),
+            name=name,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+        )
+
+    def grouped_reducescatter(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
+        return _by_dtype(
+            tensors,
+            lambda group: hvd.grouped_reducescatter(
+                group,
+                op=_op(op),
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+            ),
+        )
+
+    def alltoall(self, tensor, splits, name):
         if splits is None:
             # Horovod returns only the tensor without splits; the even split is
             # implied, so reconstruct the received splits ourselves.
@@ -114,3 +175,26 @@ class HorovodBackend(Backend):
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return hvd.allgather_object(obj)
+
+    def join(self):
+        return hvd.join()
+
+    def topology_op(self, which, name):
+        return getattr(hvd, f"{which}_op")(name=name)
+
+    def transport(self):
+        if hvd.mpi_enabled():
+            return "mpi"
+        return "gloo" if hvd.gloo_enabled() else None
+
+    def mpi_threads_supported(self):
+        return bool(hvd.mpi_threads_supported())
+
+    def is_homogeneous(self):
+        return bool(hvd.is_homogeneous())
+
+    def start_timeline(self, file_path, mark_cycles):
+        hvd.start_timeline(file_path, mark_cycles=mark_cycles)
+
+    def stop_timeline(self):
+        hvd.stop_timeline()

@@ -1,0 +1,175 @@
+"""Horovod's probes: what was built, what runs, graph-time topology ops, the timeline.
+
+Same names and meaning as ``horovod.tensorflow``, so Horovod code that checks
+``hvd.gloo_enabled()`` or calls ``hvd.rank_op()`` runs unchanged. The build
+probes describe the installed Horovod whatever backend runs; in a job of
+size 1 (no launcher) no transport runs, so ``mpi_enabled()`` and
+``gloo_enabled()`` are ``False``.
+
+Example:
+    >>> hvdkit.gloo_built(), hvdkit.mpi_built()    # this installation
+    (True, True)
+    >>> hvdkit.gloo_enabled()                     # under horovodrun --gloo
+    True
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from . import runtime
+from .backends import build_flags
+from .errors import ConfigurationError
+
+__all__ = [
+    "mpi_built",
+    "gloo_built",
+    "nccl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "ddl_built",
+    "mpi_enabled",
+    "gloo_enabled",
+    "mpi_threads_supported",
+    "is_homogeneous",
+    "rank_op",
+    "size_op",
+    "local_rank_op",
+    "local_size_op",
+    "start_timeline",
+    "stop_timeline",
+]
+
+
+# ------------------------------------------------------------------ build (no init needed)
+def mpi_built() -> bool:
+    """Whether the installed Horovod was compiled with MPI."""
+    return bool(build_flags()["mpi"])
+
+
+def gloo_built() -> bool:
+    """Whether the installed Horovod was compiled with Gloo."""
+    return bool(build_flags()["gloo"])
+
+
+def nccl_built() -> int:
+    """NCCL's version code if Horovod was compiled with NCCL, else 0 (as Horovod)."""
+    return int(build_flags()["nccl"])
+
+
+def ccl_built() -> bool:
+    """Whether the installed Horovod was compiled with oneCCL."""
+    return bool(build_flags()["ccl"])
+
+
+def cuda_built() -> bool:
+    """Whether the installed Horovod was compiled with CUDA."""
+    return bool(build_flags()["cuda"])
+
+
+def rocm_built() -> bool:
+    """Whether the installed Horovod was compiled with ROCm."""
+    return bool(build_flags()["rocm"])
+
+
+def ddl_built() -> bool:
+    """Whether the installed Horovod was compiled with IBM DDL."""
+    return bool(build_flags()["ddl"])
+
+
+# ------------------------------------------------------------------ this job (after init)
+def mpi_enabled() -> bool:
+    """Whether this job's collectives run over MPI (``horovodrun --mpi``, ``mpirun``)."""
+    return runtime.backend().transport() == "mpi"
+
+
+def gloo_enabled() -> bool:
+    """Whether this job's collectives run over Gloo (``horovodrun --gloo``, ``hvdkitrun``)."""
+    return runtime.backend().transport() == "gloo"
+
+
+def mpi_threads_supported() -> bool:
+    """Whether the MPI library allows other threads to call MPI (e.g. mpi4py).
+
+    Raises:
+        ConfigurationError: MPI does not run in this job (Gloo, or size 1);
+            a ``ValueError``, as Horovod raises.
+    """
+    backend = runtime.backend()
+    if backend.transport() != "mpi":
+        raise ConfigurationError(
+            "mpi_threads_supported() asks about MPI, but this job does not run over MPI "
+            f"(transport: {backend.transport() or 'none, a job of size 1'}). Launch with "
+            "horovodrun --mpi or mpirun, or check mpi_enabled() first."
+        )
+    return backend.mpi_threads_supported()
+
+
+def is_homogeneous() -> bool:
+    """Whether every machine of the job runs the same number of processes."""
+    return runtime.backend().is_homogeneous()
+
+
+def _topology_op(which: str, name: str | None) -> tf.Tensor:
+    return runtime.backend().topology_op(which, name)
+
+
+@tf.autograph.experimental.do_not_convert
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """int32 scalar op with :func:`hvdkit.rank`, read when the op runs, not when traced.
+
+    Example:
+        >>> tf.function(lambda: hvdkit.rank_op())()   # 0 or 1 in a 2-process job
+    """
+    return _topology_op("rank", name)
+
+
+@tf.autograph.experimental.do_not_convert
+def size_op(name: str | None = None) -> tf.Tensor:
+    """int32 scalar op with :func:`hvdkit.size`, read when the op runs."""
+    return _topology_op("size", name)
+
+
+@tf.autograph.experimental.do_not_convert
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """int32 scalar op with :func:`hvdkit.local_rank`, read when the op runs."""
+    return _topology_op("local_rank", name)
+
+
+@tf.autograph.experimental.do_not_convert
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """int32 scalar op with :func:`hvdkit.local_size`, read when the op runs."""
+    return _topology_op("local_size", name)
+
+
+# ------------------------------------------------------------------ timeline
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing Horovod's timeline (Chrome trace JSON) to ``file_path``.
+
+    Needs ``HOROVOD_TIMELINE=DYNAMIC`` in the environment before
+    :func:`hvdkit.init`, as Horovod does. Rank 0 writes the file. In a job of
+    size 1 nothing communicates, so the file is an empty trace.
+
+    Raises:
+        ConfigurationError: ``HOROVOD_TIMELINE=DYNAMIC`` was not set.
+
+    Example:
+        >>> hvdkit.start_timeline("/tmp/timeline.json")
+        >>> ...  # collectives to record
+        >>> hvdkit.stop_timeline()
+    """
+    try:
+        runtime.backend().start_timeline(str(file_path), bool(mark_cycles))
+    except ConfigurationError:
+        raise
+    except ValueError as exc:  # Horovod's "Set HOROVOD_TIMELINE=DYNAMIC ..."
+        raise ConfigurationError(
+            f"start_timeline({str(file_path)!r}) failed: {exc} It must be in the environment "
+            "before hvdkit.init() (horovodrun -x or export passes it to every rank)."
+        ) from None
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by :func:`start_timeline` and close its file."""
+    runtime.backend().stop_timeline()
