@@ -1,0 +1,183 @@
+"""Ranks alive but in different collectives end with an error naming what each waits in.
+
+Each case runs tests/multiproc/divergence_prog.py under hvdkitrun with a
+20 s stall timeout. Time is checked by ordering, not by the test's clock:
+at the divergence every rank starts a watch that prints ``WATCH EXPIRED``
+after stall timeout + 30 s, so a job that ended without that line ended
+within that bound.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from conftest import MULTIPROC, VENV_BIN, launcher_env, run_bounded
+
+PROG = str(MULTIPROC / "divergence_prog.py")
+STALL_S = 20
+WATCH_S = STALL_S + 30
+EXIT_STALLED = 124  # hvdkitrun's status for a stalled or stuck job
+
+
+def hvdkitrun(tmp_path, transport, *args):
+    cmd = [
+        str(VENV_BIN / "hvdkitrun"),
+        "-np",
+        "2",
+        f"--{transport}",
+        "--stall-timeout",
+        str(STALL_S),
+        sys.executable,
+        PROG,
+        *args,
+        "--watch",
+        str(WATCH_S),
+    ]
+    code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
+    assert not timed_out, f"the job hung:\n{out[-3000:]}"
+    return code, out
+
+
+def assert_stuck(code, out, *fragments):
+    assert code == EXIT_STALLED, (code, out[-3000:])
+    assert f"ranks stuck in different collectives for more than {STALL_S} s" in out, out[-3000:]
+    for fragment in fragments:
+        assert fragment in out, (fragment, out[-3000:])
+    assert "diverging at step 3" in out  # the watch was started
+    assert "WATCH EXPIRED" not in out, out[-3000:]  # ended within stall timeout + 30 s
+    assert re.search(r"finished \d+ steps", out) is None  # no rank got to the end
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_extra_allreduce_on_one_rank(tmp_path, transport):
+    code, out = hvdkitrun(tmp_path, transport, "extra")
+    assert_stuck(
+        code,
+        out,
+        "rank 0 waits in gradient allreduce (step 3)",
+        "rank 1 waits in allreduce 'extra'",
+    )
+
+
+def test_skipped_step_on_one_rank(tmp_path):
+    # rank 1's later allreduces pair with rank 0's earlier ones (the same
+    # operation, one step apart); at the end rank 1 gathers the weights while
+    # rank 0 still waits for its last gradient allreduce.
+    code, out = hvdkitrun(tmp_path, "gloo", "skip")
+    assert_stuck(
+        code, out, "rank 0 waits in gradient allreduce (step 7)", "rank 1 waits in allgather 'w'"
+    )
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_allgather_against_allreduce(tmp_path, transport):
+    code, out = hvdkitrun(tmp_path, transport, "gather_vs_reduce")
+    assert_stuck(code, out, "rank 0 waits in allgather 'g'", "rank 1 waits in allreduce 'r'")
+
+
+def test_long_rank0_only_section(tmp_path):
+    code, out = hvdkitrun(tmp_path, "gloo", "rank0_section", "--sleep", "3600")
+    assert_stuck(
+        code,
+        out,
+        "rank 0 is in no hvdkit collective",
+        "rank 1 waits in gradient allreduce (step 3)",
+    )
+    assert "rank-0-only section done" not in out
+
+
+def test_short_rank0_only_section_completes(tmp_path):
+    code, out = hvdkitrun(tmp_path, "gloo", "rank0_section", "--sleep", "5")
+    assert code == 0, out[-3000:]
+    assert "rank-0-only section done" in out
+    assert "[rank 0] finished 8 steps" in out and "[rank 1] finished 8 steps" in out
+    assert "stuck" not in out
+
+
+def test_scheduler_worker_launch_names_the_stuck_rank(tmp_path):
+    import socket
+    import subprocess
+
+    from conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = launcher_env()
+    env.update(
+        HVDKIT_SCHED_HOST="127.0.0.1",
+        HVDKIT_SCHED_PORT=str(port),
+        HVDKIT_JOB_TOKEN="test-token",
+        HVDKIT_WORKER_NUM="2",
+        HVDKIT_SCHED_TIMEOUT="120",
+        HVDKIT_STALL_TIMEOUT=str(STALL_S),
+    )
+    cluster = REPO / "examples" / "cluster"
+
+    def start(cmd):
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+
+    sched = start([str(cluster / "run_scheduler.sh")])
+    prog = [sys.executable, PROG, "extra", "--watch", str(WATCH_S)]
+    workers = [start([str(cluster / "run_workers.sh"), "1", *prog]) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in [sched, *workers]]
+    codes = [p.returncode for p in [sched, *workers]]
+    sched_out = results[0][0]
+    everything = "".join(out for out, _ in results)
+    assert all(c != 0 for c in codes), (codes, everything[-3000:])
+    assert "ranks stuck in different collectives" in sched_out, sched_out[-3000:]
+    assert (
+        "rank 1 waits in allreduce 'extra'" in sched_out
+        or "rank 0 waits in gradient allreduce (step 3)" in sched_out
+    ), sched_out[-3000:]
+    assert "diverging at step 3" in everything
+    assert "WATCH EXPIRED" not in everything, everything[-3000:]
+
+
+def test_plain_horovodrun_warns(tmp_path):
+    # No hvdkit launcher: each rank warns on stderr once a wait passes the
+    # stall timeout. The job itself would hang, so it is stopped (its own
+    # session only) as soon as the warning has been seen.
+    import os
+    import signal
+    import subprocess
+
+    env = launcher_env()
+    env["HVDKIT_STALL_TIMEOUT"] = "10"
+    cmd = [str(VENV_BIN / "horovodrun"), "-np", "2", "--gloo", sys.executable, PROG, "extra"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "hvdkit: WARNING: rank" in line and "has waited in" in line:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    warning = seen[-1] if seen else ""
+    assert "has waited in" in warning, "".join(seen)[-3000:]
+    assert (
+        "rank 1 has waited in allreduce 'extra'" in warning
+        or "rank 0 has waited in gradient allreduce (step 3)" in warning
+    ), warning
+    assert "stall timeout 10 s" in warning
