@@ -268,7 +268,9 @@ def allreduce(
             the result holds every rank's rows (``Average`` divides values by
             ``size()``); only ``Sum``/``Average`` and no scaling are allowed.
         average: deprecated (Horovod 0.19): ``True`` is ``op=Average``,
-            ``False`` ``op=Sum``; giving it with ``op`` is an error.
+            ``False`` ``op=Sum``; giving it with ``op`` is an error. A string
+            here is taken as ``name``: ``horovod.tensorflow.keras.allreduce``
+            has ``(value, name, average, ...)``.
         device_dense, device_sparse: device for dense / sparse inputs
             (``""``: TensorFlow's choice).
         compression: ``hvdkit.Compression.none`` (``None``) or ``.fp16``.
@@ -295,6 +297,10 @@ def allreduce(
         >>> hvdkit.allreduce(np.array([2.0]), op=hvdkit.Sum, postscale_factor=0.5)
         array([2.])   # (2 + 2) * 0.5
     """
+    if isinstance(average, str) and name is None:
+        # horovod.tensorflow.keras.allreduce(value, name, average, ...): its second
+        # parameter is the name; average is a bool, so a string there is that name.
+        name, average = average, None
     op = _resolve_op(op, average, "allreduce")
     _check_process_set(process_set, "allreduce")
     _check_scale(prescale_factor, postscale_factor, "allreduce")
@@ -700,8 +706,11 @@ def alltoall(
 
 @_no_autograph
 def neighbor_exchange(
-    tensors, send_to: Sequence[int], recv_from: Sequence[int], name: str | None = None
-):
+    tensors: TensorLike | Sequence[TensorLike],
+    send_to: Sequence[int],
+    recv_from: Sequence[int],
+    name: str | None = None,
+) -> list[TensorOut]:
     """Point-to-point exchange with chosen peers (MindSpore's NeighborExchange).
 
     Each rank sends a tensor to every rank in ``send_to`` and receives one from

@@ -142,3 +142,11 @@ def test_mismatch_error_is_horovods_class_too():
     assert isinstance(e, tf.errors.FailedPreconditionError)
     assert isinstance(e, hvdkit.CollectiveMismatchError) and isinstance(e, ValueError)
     assert str(e) == e.message == "allreduce of tensor 'x' failed: rank 0: shape [2]"
+
+
+def test_keras_frontend_order_name_second(local_runtime):
+    # horovod.tensorflow.keras.allreduce(value, name, average, ...)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the string is a name, not the deprecated average
+        out = hvdkit.allreduce(np.array([4.0]), "metric")
+    assert out.tolist() == [4.0]

@@ -86,7 +86,8 @@ def test_collective_argument_errors(local_runtime):
     with pytest.raises(hvdkit.ConfigurationError, match="got 2 tensors for 1 destinations"):
         hvdkit.neighbor_exchange([np.ones(1), np.ones(1)], send_to=[0], recv_from=[0])
     with pytest.raises(ValueError):  # ConfigurationError is also a ValueError
-        hvdkit.allreduce(np.ones(1), op=None)
+        hvdkit.allreduce(np.ones(1), op="sum")
+    assert hvdkit.allreduce(np.ones(1), op=None).tolist() == [1.0]  # Horovod: None is Average
 
 
 def test_backend_selection_errors(monkeypatch):

@@ -1,0 +1,54 @@
+"""Horovod-style example scripts (only the import changed) under horovodrun -np 2."""
+
+import re
+import sys
+
+from conftest import REPO, VENV_BIN, launcher_env, run_bounded
+
+
+def run(script, transport, tmp_path, *args):
+    cmd = [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        "2",
+        f"--{transport}",
+        sys.executable,
+        str(REPO / "examples" / "horovod" / script),
+        "--outdir",
+        str(tmp_path),
+        *args,
+    ]
+    code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
+    assert not timed_out, out[-3000:]
+    assert code == 0, out[-3000:]
+    return out
+
+
+def losses(out):
+    m = re.search(r"final loss ([\d.]+) first ([\d.]+)", out)
+    assert m, out[-3000:]
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_keras_fit_with_horovod_callbacks(transport, tmp_path):
+    out = run("keras_mnist.py", transport, tmp_path)
+    final, first = losses(out)
+    assert final < first / 4, (final, first)
+    assert "weights differ between ranks by 0\n" in out  # broadcast + averaged gradients
+    acc = float(re.search(r"held-out accuracy ([\d.]+)", out).group(1))
+    assert acc >= 0.9, out[-2000:]
+    assert out.count("finished learning-rate warm-up at 0.002") == 1  # rank 0, 0.001 * size
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*.keras")) == [
+        f"checkpoint-{e}.keras" for e in range(1, 5)
+    ]
+    assert out.count("final loss") == 1  # printed by rank 0 only
+
+
+def test_gradient_tape_loop(transport, tmp_path):
+    out = run("gradient_tape_mnist.py", transport, tmp_path)
+    final, first = losses(out)
+    assert final < first / 4, (final, first)
+    assert "weights differ between ranks by 0\n" in out
+    steps = [int(s) for s in re.findall(r"Step #(\d+)\t", out)]
+    assert steps == list(range(0, 200, 10)), steps  # 400 job steps / 2 ranks, rank 0 prints
+    assert (tmp_path / "checkpoints-1.index").exists()
