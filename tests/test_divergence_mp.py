@@ -62,11 +62,12 @@ def test_extra_allreduce_on_one_rank(tmp_path, transport):
     )
 
 
-def test_skipped_step_on_one_rank(tmp_path):
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_skipped_step_on_one_rank(tmp_path, transport):
     # rank 1's later allreduces pair with rank 0's earlier ones (the same
     # operation, one step apart); at the end rank 1 gathers the weights while
     # rank 0 still waits for its last gradient allreduce.
-    code, out = hvdkitrun(tmp_path, "gloo", "skip")
+    code, out = hvdkitrun(tmp_path, transport, "skip")
     assert_stuck(
         code, out, "rank 0 waits in gradient allreduce (step 7)", "rank 1 waits in allgather 'w'"
     )
@@ -78,8 +79,9 @@ def test_allgather_against_allreduce(tmp_path, transport):
     assert_stuck(code, out, "rank 0 waits in allgather 'g'", "rank 1 waits in allreduce 'r'")
 
 
-def test_long_rank0_only_section(tmp_path):
-    code, out = hvdkitrun(tmp_path, "gloo", "rank0_section", "--sleep", "3600")
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_long_rank0_only_section(tmp_path, transport):
+    code, out = hvdkitrun(tmp_path, transport, "rank0_section", "--sleep", "3600")
     assert_stuck(
         code,
         out,
@@ -89,8 +91,9 @@ def test_long_rank0_only_section(tmp_path):
     assert "rank-0-only section done" not in out
 
 
-def test_short_rank0_only_section_completes(tmp_path):
-    code, out = hvdkitrun(tmp_path, "gloo", "rank0_section", "--sleep", "5")
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_short_rank0_only_section_completes(tmp_path, transport):
+    code, out = hvdkitrun(tmp_path, transport, "rank0_section", "--sleep", "5")
     assert code == 0, out[-3000:]
     assert "rank-0-only section done" in out
     assert "[rank 0] finished 8 steps" in out and "[rank 1] finished 8 steps" in out
