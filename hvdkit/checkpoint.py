@@ -65,14 +65,6 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped on restore (torn or corrupt); the message names it."""
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -135,17 +127,31 @@ def _read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def _payload_problem(folder: Path, manifest: dict) -> str | None:
-    """Why the files of ``folder`` do not match its manifest, or ``None``."""
+def _read_payload(folder: Path, manifest: dict) -> tuple[dict[str, bytes], str | None]:
+    """``({file name: bytes}, None)``, or ``({}, why the files do not match the manifest)``."""
+    payload = {}
     for name, meta in manifest["files"].items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != meta["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {meta['bytes']}"
-        if _sha256_file(path) != meta["sha256"]:
-            return f"{name} fails its SHA-256 checksum"
-    return None
+        try:
+            data = (folder / name).read_bytes()
+        except OSError as e:
+            return {}, f"{name} cannot be read ({e.strerror or e})"
+        if len(data) != meta["bytes"]:
+            return {}, f"{name} has {len(data)} bytes, the manifest says {meta['bytes']}"
+        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            return {}, f"{name} fails its SHA-256 checksum"
+        payload[name] = data
+    return payload, None
+
+
+def _dtype_name(variable) -> str:
+    return keras.backend.standardize_dtype(variable.dtype)
+
+
+def _numpy_dtype(name: str, variable) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:  # e.g. bfloat16, known to NumPy only through ml_dtypes' scalar type
+        return np.asarray(variable.numpy()).dtype
 
 
 def _rng_state() -> dict:
@@ -342,7 +348,7 @@ class Checkpointer:
             )
         for _, folder in found:
             manifest = _read_manifest(folder)
-            problem = _payload_problem(folder, manifest)
+            payload, problem = _read_payload(folder, manifest)
             if problem is not None:
                 aside = folder.with_name(f"corrupt-{folder.name}-{int(time.time())}")
                 folder.rename(aside)
@@ -354,11 +360,14 @@ class Checkpointer:
                 )
                 continue
             self._check_matches(folder, manifest, variables)
-            state = json.loads((folder / STATE).read_text())
-            raw = (folder / ARRAYS).read_bytes()
+            state = json.loads(payload[STATE])
+            raw = payload[ARRAYS]
             arrays = [
                 np.frombuffer(
-                    raw, dtype=var.numpy().dtype, count=int(np.prod(e["shape"])), offset=e["offset"]
+                    raw,
+                    dtype=_numpy_dtype(e["dtype"], var),
+                    count=int(np.prod(e["shape"])),
+                    offset=e["offset"],
                 ).reshape(e["shape"])
                 for e, var in zip(manifest["variables"], variables, strict=True)
             ]
@@ -371,7 +380,7 @@ class Checkpointer:
             {
                 "name": getattr(v, "path", v.name),
                 "shape": list(v.shape),
-                "dtype": np.dtype(v.numpy().dtype).name,
+                "dtype": _dtype_name(v),
             }
             for v in variables
         ]
@@ -552,7 +561,7 @@ class Checkpointer:
                         "group": group,
                         "name": getattr(var, "path", var.name),
                         "shape": list(value.shape),
-                        "dtype": value.dtype.name,
+                        "dtype": _dtype_name(var),
                         "offset": offset,
                         "nbytes": int(value.nbytes),
                     }

@@ -1,0 +1,248 @@
+"""Fault-tolerance training job: the pattern users write, with a crash switch.
+
+One seeded job (a small classifier on N synthetic samples, ``S`` ranks,
+``B`` samples per rank and step) trained with :class:`hvdkit.Checkpointer`
+and a :class:`hvdkit.data.ShardSampler`, in one of four ways, resumable at
+any point. The tests run it, kill it, run it again, and compare with an
+uninterrupted run. The training step itself records which sample ids it
+trained on (the ids are part of the input), so the record does not trust
+the sampler.
+
+Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it)::
+
+    python ft_train.py OUTDIR [--mode fit|sink|loop|data_sink] [--ckpt DIR]
+        [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
+        [--crash-at STEP] [--crash-rank 1] [--crash-in-save STEP] [--attempt A]
+
+* ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
+  and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
+  steps per sink (checkpoints at sink boundaries); ``loop``: a custom loop
+  with ``DistributedGradientTape`` and ``ckpt.maybe_save``; ``data_sink``:
+  ``hvdkit.sink.data_sink`` with ``sink_size`` steps per call.
+* ``--every K``: checkpoint every K steps (use a multiple of ``--sink-size``
+  in the sink modes; ``N / (S*B)`` steps per epoch must be a multiple of it).
+* ``--crash-at STEP``: rank ``--crash-rank`` SIGKILLs itself inside training
+  step STEP (after the step's update, before any callback sees it).
+* ``--crash-in-save STEP``: rank 0 SIGKILLs itself in the middle of writing
+  the checkpoint of step STEP (leaving a torn ``.tmp-ckpt-...`` folder).
+* Crashes happen only on the first attempt: ``--attempt`` (default
+  ``$HVDKIT_RESTART_COUNT``, else 0) is 0 and the job did not resume past STEP.
+* ``--ckpt``: checkpoint folder, default ``OUTDIR/ckpt``.
+
+Output, in OUTDIR, per attempt ``A`` and rank ``R``:
+
+* ``ids-a<A>-r<R>.jsonl``: a first line ``{"resumed_from": step, "size": S}``,
+  then one line per training step ``{"epoch": e, "step": s, "ids": [...]}``
+  (the global step after the update, and the sample ids of this rank's batch);
+* ``result-a<A>-r<R>.json`` at the end: ``resumed_from``, ``final_step``,
+  ``size``, ``weights`` (every model and optimizer variable, flattened, as
+  float64) and ``warnings`` (the checkpoint warnings of the restore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdkit
+from hvdkit import checkpoint as checkpoint_module
+
+FEATURES, CLASSES = 6, 3
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("outdir")
+    p.add_argument("--mode", choices=["fit", "sink", "loop", "data_sink"], default="fit")
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=96)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--sink-size", type=int, default=3)
+    p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--crash-in-save", type=int, default=None)
+    p.add_argument("--attempt", type=int, default=None)
+    return p.parse_args(argv)
+
+
+ARGS = parse_args(sys.argv[1:])
+hvdkit.init()
+RANK, SIZE = hvdkit.rank(), hvdkit.size()
+ATTEMPT = (
+    ARGS.attempt if ARGS.attempt is not None else int(os.environ.get("HVDKIT_RESTART_COUNT", 0))
+)
+os.makedirs(ARGS.outdir, exist_ok=True)
+CKPT_DIR = ARGS.ckpt or os.path.join(ARGS.outdir, "ckpt")
+IDS = open(os.path.join(ARGS.outdir, f"ids-a{ATTEMPT}-r{RANK}.jsonl"), "w")
+STATE = {"epoch": 0, "resumed_from": 0}
+
+
+def kill_self(why: str) -> None:
+    IDS.flush()
+    os.write(2, f"[rank {RANK}] ft_train: crashing on purpose: {why}\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def record(step, ids):
+    """Host side of the training step: write the step's ids, maybe crash."""
+    step = int(step)
+    line = {"epoch": STATE["epoch"], "step": step, "ids": ids.numpy().tolist()}
+    IDS.write(json.dumps(line) + "\n")
+    IDS.flush()
+    if (
+        ARGS.crash_at == step
+        and RANK == ARGS.crash_rank
+        and ATTEMPT == 0
+        and STATE["resumed_from"] < step
+    ):
+        kill_self(f"inside training step {step}")
+
+
+def record_op(step, ids):
+    tf.py_function(record, [step, ids], [])
+
+
+def crash_in_save(stage, step):
+    if step == ARGS.crash_in_save and ATTEMPT == 0 and STATE["resumed_from"] < step:
+        kill_self(f"while writing the checkpoint of step {step} ({stage})")
+
+
+checkpoint_module._write_hook = crash_in_save
+
+# ---------------------------------------------------------------- data and model
+rng = np.random.default_rng(0)
+X = rng.normal(size=(ARGS.samples, FEATURES)).astype("float32")
+Y = (X @ rng.normal(size=(FEATURES, CLASSES))).argmax(1).astype("int32")
+IDS_ALL = np.arange(ARGS.samples, dtype=np.int64)
+DATA = ({"x": X, "id": IDS_ALL}, Y)
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="tanh")
+        self.drop = keras.layers.Dropout(0.2, seed=3)
+        self.out = keras.layers.Dense(CLASSES)
+
+    def call(self, x, training=False):
+        return self.out(self.drop(self.hidden(x), training=training))
+
+    def train_step(self, data):
+        inputs, y = data
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, self(inputs["x"], training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        record_op(self.optimizer.iterations, inputs["id"])
+        return {"loss": loss}
+
+
+keras.utils.set_random_seed(1)
+model = Net()
+model(np.zeros((1, FEATURES), "float32"))
+sampler = hvdkit.data.ShardSampler(ARGS.samples, shuffle=True, seed=7)
+B = ARGS.batch
+
+if ARGS.mode in ("fit", "sink"):
+    model.compile(
+        optimizer=hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+        loss=LOSS,
+        jit_compile=False,
+    )
+    optimizer = model.optimizer
+else:
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+
+ckpt = hvdkit.Checkpointer(
+    CKPT_DIR, model=model, optimizer=optimizer, sampler=sampler, every_steps=ARGS.every
+)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", checkpoint_module.CheckpointWarning)
+    resumed = ckpt.restore()
+restore_warnings = [str(w.message) for w in caught]
+for message in restore_warnings:
+    print(f"[rank {RANK}] {message}", file=sys.stderr)
+STATE["resumed_from"] = resumed
+IDS.write(json.dumps({"resumed_from": resumed, "size": SIZE}) + "\n")
+IDS.flush()
+
+
+# ---------------------------------------------------------------- the four ways to train
+def custom_step(inputs, y):
+    with tf.GradientTape() as tape:
+        loss = LOSS(y, model(inputs["x"], training=True))
+    tape = hvdkit.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    record_op(optimizer.iterations, inputs["id"])
+    return loss
+
+
+step_fn = tf.function(custom_step)
+
+for epoch in range(sampler.epoch, ARGS.epochs):
+    sampler.set_epoch(epoch)
+    STATE["epoch"] = epoch
+    ds = sampler.dataset(DATA).batch(B)
+    if ARGS.mode == "fit":
+        model.fit(
+            ds,
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[hvdkit.data.ShardPositionCallback(sampler, B), ckpt.callback()],
+        )
+    elif ARGS.mode == "sink":
+        hvdkit.sink.train(
+            model,
+            len(ds) // ARGS.sink_size,
+            ds,
+            callbacks=[hvdkit.data.ShardPositionCallback(sampler, B), ckpt.callback()],
+            sink_size=ARGS.sink_size,
+            verbose=0,
+        )
+    elif ARGS.mode == "loop":
+        step = ckpt.step
+        for inputs, y in ds:
+            step_fn(inputs, y)
+            sampler.advance(int(tf.shape(y)[0]))
+            step += 1
+            ckpt.maybe_save(step)
+    else:  # data_sink
+        step = ckpt.step
+        sink = hvdkit.sink.data_sink(custom_step, ds, sink_size=ARGS.sink_size)
+        for _ in range(len(ds) // ARGS.sink_size):
+            sink()
+            sampler.advance(ARGS.sink_size * B)
+            step += ARGS.sink_size
+            ckpt.maybe_save(step)
+
+IDS.close()
+flat = np.concatenate(
+    [np.asarray(v.numpy(), np.float64).ravel() for v in model.variables + optimizer.variables]
+)
+result = {
+    "resumed_from": resumed,
+    "final_step": int(ckpt.step),
+    "iterations": int(optimizer.iterations.numpy()),
+    "size": SIZE,
+    "weights": flat.tolist(),
+    "warnings": restore_warnings,
+}
+with open(os.path.join(ARGS.outdir, f"result-a{ATTEMPT}-r{RANK}.json"), "w") as f:
+    json.dump(result, f)
+print(f"[rank {RANK}] ft_train done: resumed from {resumed}, final step {ckpt.step}")
