@@ -13,6 +13,7 @@ EXPECTED = [
     "fit_mixed_bfloat16_equals_single_process",
     "custom_loop_gradient_tape_and_scale_loss",
     "custom_loop_lso_around_distributed_optimizer",
+    "fit_lso_with_backward_passes_per_step_2",
     "optimizers_at_different_steps_fail_on_every_rank",
     "broadcast_callback_model_built_on_rank0_only",
     "shard_files_called_with_other_arguments_on_one_rank",

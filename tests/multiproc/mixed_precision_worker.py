@@ -245,6 +245,36 @@ with c.check("custom_loop_lso_around_distributed_optimizer"):
         lambda: lso(hvd.DistributedOptimizer(SGD()), dynamic_growth_steps=2), _identity, "opt"
     )
 
+with c.check("fit_lso_with_backward_passes_per_step_2"):
+    # Gradients accumulate locally; only the skip decision is collective (a Min
+    # allreduce per pass). A pass that overflows on rank 1 only is skipped on
+    # both: the loss scale halves at the same steps on both ranks.
+    lso = keras.optimizers.LossScaleOptimizer
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = make_model()
+        dist = hvd.DistributedOptimizer(SGD(), backward_passes_per_step=2)
+        model.compile(optimizer=lso(dist, dynamic_growth_steps=2), loss=LOSS)
+        trace = Trace(check_ranks=True)
+        model.fit(
+            X_BAD[MINE],
+            Y[MINE],
+            batch_size=HALF,
+            epochs=EPOCHS,
+            shuffle=False,
+            verbose=0,
+            callbacks=[trace],
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert trace.epochs_checked == EPOCHS
+    halved = [i for i in range(1, len(trace.scales)) if trace.scales[i] == trace.scales[i - 1] / 2]
+    assert halved == EXPECTED_SKIPS, (halved, trace.scales)
+    assert trace.scales[0] == 2.0**15  # step 0 was finite: no halving before it
+    all_scales = hvd.allgather_object(trace.scales)
+    assert all_scales[0] == all_scales[1]
+    assert int(dist.iterations.numpy()) > 0  # updates were applied
+
 with c.check("optimizers_at_different_steps_fail_on_every_rank"):
     # An optimizer restored on one rank only: its gradient allreduce would
     # average gradients of different steps. The fused step marker stops it.
