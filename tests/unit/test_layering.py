@@ -1,10 +1,11 @@
 """hvdkit's dependencies point one way (STYLE.md): a walk over every import statement.
 
-Layers, lowest first: ``errors``/``config`` < ``_compat`` < ``backends`` <
+Layers, lowest first: ``errors``/``config``/``_progress`` < ``_compat`` < ``backends`` <
 ``runtime`` < ``collectives``/``compression`` < everything built on them
 (``optimizer``, ``callbacks``, ``data``, ``ops``, ``sink``, ...). A module may
 import only from lower layers or from its own layer. ``launch`` stands beside
-the stack: it uses ``config``, ``errors`` and ``_compat`` only, and never
+the stack: it uses ``config``, ``errors``, ``_progress`` (the field names of
+what a rank waits in) and ``_compat`` only, and never
 TensorFlow or Keras. Only ``backends/horovod.py`` uses Horovod's collectives.
 The package facade ``hvdkit/__init__.py`` may wire anything.
 """
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
-LAYERS = {"errors": 0, "config": 0, "_compat": 1, "backends": 2, "runtime": 3}
+LAYERS = {"errors": 0, "config": 0, "_progress": 0, "_compat": 1, "backends": 2, "runtime": 3}
 LAYERS |= {"collectives": 4, "compression": 4}
 TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
-LAUNCH_MAY_USE = {"config", "errors", "_compat", "launch"}
+LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "launch"}
 TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
 
 
