@@ -19,3 +19,10 @@ fi
 # "python train.py" in the workers' command means the Python hvdkitrun belongs to.
 PATH="$(dirname "$HVDKITRUN"):$PATH"
 export PATH
+# The scheduler's default port lives in hvdkit.config (one home); ask the Python
+# hvdkitrun runs with (its #! line) only when no port is set.
+default_sched_port() {
+    local py
+    py="$(head -1 "$HVDKITRUN" | sed -n 's/^#![[:space:]]*//p')"
+    ${py:-python3} -c 'from hvdkit.config import DEFAULT_SCHED_PORT; print(DEFAULT_SCHED_PORT)'
+}

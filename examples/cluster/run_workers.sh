@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start NUM_LOCAL workers of a multi-node job on this machine and wait for them.
 #
-#   HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_SCHED_PORT=29500 HVDKIT_JOB_TOKEN=... \
+#   HVDKIT_SCHED_HOST=10.0.0.1 HVDKIT_JOB_TOKEN=... \
 #       examples/cluster/run_workers.sh 4 python train.py
 #
 # Each worker's output is prefixed with its rank; with HVDKIT_LOG_DIR set it
@@ -18,7 +18,7 @@ fi
 # Starting a node installs nothing: run scripts/install.sh once per machine beforehand.
 source "$REPO/examples/cluster/_find_hvdkitrun.sh"
 num_local="$1"; shift
-port="${HVDKIT_SCHED_PORT:-${MS_SCHED_PORT:-29500}}"
+port="${HVDKIT_SCHED_PORT:-${MS_SCHED_PORT:-$(default_sched_port)}}"
 token_file="${HVDKIT_TOKEN_FILE:-$HOME/.hvdkit/job-$port.token}"
 if [[ -z "${HVDKIT_JOB_TOKEN:-}" ]]; then
     for _ in $(seq 50); do [[ -s "$token_file" ]] && break; sleep 0.2; done

@@ -57,13 +57,13 @@ def failing_rank(launcher_lines: Sequence[str]) -> tuple[int | None, str]:
     """Rank and reason from horovodrun's / mpirun's failure messages, if present.
 
     >>> failing_rank(["Process 1 exit with status code 137."])
-    (1, 'exit code 137')
+    (1, 'exit code 137 (SIGKILL)')
     """
     text = "\n".join(launcher_lines)
     for pattern, what in _LAUNCHER_REPORTS:
         m = pattern.search(text)
         if m:
-            return int(m.group(1)), f"{what} {m.group(2)}"
+            return int(m.group(1)), f"{what} {m.group(2)}{_signal_hint(what, int(m.group(2)))}"
     m = _MPI_IMPROPER_EXIT.search(text)
     if m:
         return int(m.group(1)), "ended without finishing MPI (e.g. os._exit)"
@@ -74,6 +74,17 @@ def failing_rank(launcher_lines: Sequence[str]) -> tuple[int | None, str]:
             "stalled: Horovod reported it missing from a collective",
         )
     return None, ""
+
+
+def _signal_hint(what: str, value: int) -> str:
+    """`` (killed by SIGKILL)`` for a shell-style exit code 128+N or a signal number."""
+    number = value - 128 if what == "exit code" and value > 128 else value
+    if what == "exit code" and value <= 128:
+        return ""
+    try:
+        return f" ({signal.Signals(number).name})"
+    except ValueError:
+        return ""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ processes), unit-tested in ``tests/unit/test_launch_logic.py``::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -85,11 +86,14 @@ class RestartBudget:
 def resume_step(directory: str | Path | None) -> int | None:
     """Global step of the newest complete checkpoint in ``directory``, or ``None``.
 
-    Reads only the JSON manifests the checkpoint writer leaves (no TensorFlow):
-    every ``*.json`` file under ``directory`` (one level deep) that holds an
-    integer ``"step"`` and is not marked incomplete. Torn or foreign files are
-    skipped; a directory without checkpoints gives ``None`` (fresh start: 0 is
-    reported by the script itself).
+    Reads only the manifests :class:`hvdkit.Checkpointer` leaves
+    (``<directory>/ckpt-<step>/manifest.json``), without TensorFlow: a folder
+    counts if its manifest parses, holds an integer ``step`` and, where it
+    carries ``manifest_sha256``, passes that self-check. Unfinished writes
+    (``.tmp-*`` folders) and foreign files are skipped. The payload's own
+    checksums are left to ``Checkpointer.restore()``, which skips a corrupt
+    checkpoint with a warning naming it, so in that rare case the script
+    resumes from an older step than this line said.
     """
     if directory is None:
         return None
@@ -97,14 +101,25 @@ def resume_step(directory: str | Path | None) -> int | None:
     if not root.is_dir():
         return None
     steps = []
-    for path in [*root.glob("*.json"), *root.glob("*/*.json")]:
+    for path in root.glob("*/manifest.json"):
+        if path.parent.name.startswith("."):
+            continue
         try:
             manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError):
             continue
-        if not isinstance(manifest, dict) or manifest.get("complete") is False:
+        if not isinstance(manifest, dict) or not _self_check(manifest):
             continue
         step = manifest.get("step")
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             steps.append(step)
     return max(steps) if steps else None
+
+
+def _self_check(manifest: dict) -> bool:
+    """A manifest's SHA-256 over its other fields (sorted JSON), as the checkpoint writes it."""
+    given = manifest.get("manifest_sha256")
+    if given is None:
+        return True
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return given == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

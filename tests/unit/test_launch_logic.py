@@ -4,6 +4,7 @@ assignment, root cause, restart budget, resume step."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from types import SimpleNamespace
 
@@ -68,13 +69,14 @@ def test_plan_errors_name_the_value(given, fragment):
 @pytest.mark.parametrize(
     "lines, expected",
     [
-        (["Process 1 exit with status code 137."], (1, "exit code 137")),
+        (["Process 1 exit with status code 137."], (1, "exit code 137 (SIGKILL)")),
+        (["Process 0 exit with status code 3."], (0, "exit code 3")),
         (
             [
                 "mpirun noticed that process rank 0 with PID 4242 on node vm exited on signal 9 "
                 "(Killed)."
             ],
-            (0, "signal 9"),
+            (0, "signal 9 (SIGKILL)"),
         ),
         (
             ["  Process name: [[5196,1],1]", "  Exit code:    3"],
@@ -260,15 +262,36 @@ def test_max_restarts_from_argument_env_or_default(monkeypatch):
 # ------------------------------------------------------------------ resume step
 
 
-def test_resume_step_is_the_newest_complete_manifest(tmp_path):
+def manifest(step: int, **extra) -> str:
+    """A manifest as hvdkit.Checkpointer writes one (self-checksum over the sorted JSON)."""
+    body = {"format": "hvdkit-checkpoint", "version": 1, "step": step, **extra}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return json.dumps({**body, "manifest_sha256": digest})
+
+
+def test_resume_step_is_the_newest_complete_checkpoint(tmp_path):
     assert restart.resume_step(None) is None
     assert restart.resume_step(tmp_path / "missing") is None
     assert restart.resume_step(tmp_path) is None
-    (tmp_path / "ckpt-10").mkdir()
-    (tmp_path / "ckpt-10" / "manifest.json").write_text(json.dumps({"step": 10}))
-    (tmp_path / "ckpt-30").mkdir()
-    (tmp_path / "ckpt-30" / "manifest.json").write_text('{"step": 30, "comp')  # torn
-    (tmp_path / "ckpt-20.json").write_text(json.dumps({"step": 20}))
-    (tmp_path / "ckpt-40.json").write_text(json.dumps({"step": 40, "complete": False}))
-    (tmp_path / "other.json").write_text(json.dumps(["not", "a", "manifest"]))
+    for name, text in [
+        ("ckpt-0000000010", manifest(10)),
+        ("ckpt-0000000020", manifest(20, epoch=1)),
+        ("ckpt-0000000030", manifest(30)[:-20]),  # torn
+        ("ckpt-0000000040", manifest(40).replace('"step": 40', '"step": 41')),  # fails its check
+        (".tmp-ckpt-0000000050-77", manifest(50)),  # unfinished write
+        ("other", json.dumps(["not", "a", "manifest"])),
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(text)
+    (tmp_path / "ckpt-0000000060").mkdir()  # no manifest yet
     assert restart.resume_step(tmp_path) == 20
+
+
+def test_resume_step_reads_the_real_checkpoint_format(tmp_path):
+    """Against hvdkit.Checkpointer's own writer, where it is importable (it needs TensorFlow)."""
+    ckpt = pytest.importorskip("hvdkit.checkpoint")
+    digest = ckpt._manifest_digest({"format": "hvdkit-checkpoint", "step": 7})
+    body = {"format": "hvdkit-checkpoint", "step": 7, "manifest_sha256": digest}
+    (tmp_path / "ckpt-0000000007").mkdir()
+    (tmp_path / "ckpt-0000000007" / "manifest.json").write_text(json.dumps(body))
+    assert restart.resume_step(tmp_path) == 7

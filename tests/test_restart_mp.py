@@ -1,0 +1,334 @@
+"""Automatic restart under the real launchers, 2 processes.
+
+The job (tests/multiproc/restart_train.py) trains 2 epochs of 6 global steps
+with a checkpoint every 2 steps and a global data cursor. A restarted job
+must end as an uninterrupted one would: the same weights (bit-identical:
+the arithmetic is deterministic) and every sample of every epoch trained
+exactly once, ids recorded by the training step. No test bounds wall-clock
+time: the subprocess timeouts only turn a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from test_launch_mp import (  # noqa: F401  (two_hosts is a fixture)
+    NETNS_REASON,
+    PY,
+    SCHEDULER_SH,
+    WORKERS_SH,
+    free_port,
+    sched_env,
+    two_hosts,
+)
+
+from conftest import MULTIPROC, VENV_BIN, launcher_env
+
+TRAIN = str(MULTIPROC / "restart_train.py")
+HVDKITRUN = str(VENV_BIN / "hvdkitrun")
+SAMPLES, EPOCHS = 48, 2
+HANG = 900  # seconds: only a hang gets near this
+
+
+def job_dirs(root: Path, name: str) -> tuple[Path, Path]:
+    out, ckpt = root / name / "out", root / name / "ckpt"
+    out.mkdir(parents=True)
+    ckpt.mkdir()
+    return out, ckpt
+
+
+def hvdkitrun(root: Path, name: str, transport: str, *extra, restarts=None, env_extra=None):
+    """hvdkitrun -np 2 [--max-restarts N] restart_train.py; returns (proc, outdir)."""
+    out, ckpt = job_dirs(root, name)
+    opts = [] if restarts is None else ["--max-restarts", str(restarts)]
+    cmd = [HVDKITRUN, "-np", "2", f"--{transport}", *opts, "--checkpoint-dir", str(ckpt)]
+    cmd += [PY, TRAIN, str(out), str(ckpt), *extra]
+    env = {**launcher_env(), **(env_extra or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=HANG)
+    proc.output = proc.stdout + proc.stderr
+    return proc, out
+
+
+_BASELINES: dict[str, np.ndarray] = {}
+
+
+def baseline(tmp_path_factory, transport: str) -> np.ndarray:
+    """Final weights of the uninterrupted job (once per transport)."""
+    if transport not in _BASELINES:
+        root = tmp_path_factory.mktemp(f"baseline-{transport}")
+        proc, out = hvdkitrun(root, "job", transport)
+        assert proc.returncode == 0, proc.output[-3000:]
+        assert_every_sample_once(out)
+        _BASELINES[transport] = weights(out)
+    return _BASELINES[transport]
+
+
+def weights(out: Path) -> np.ndarray:
+    w0, w1 = (np.load(out / f"weights.rank{r}.npy") for r in (0, 1))
+    np.testing.assert_array_equal(w0, w1, err_msg="the two ranks ended with different weights")
+    return w0
+
+
+def attempts(out: Path, rank: int) -> list[dict]:
+    found = sorted(out.glob(f"attempt*.rank{rank}.json"), key=lambda p: int(p.name[7:-11]))
+    return [json.loads(p.read_text()) for p in found]
+
+
+def assert_every_sample_once(out: Path) -> None:
+    """Per epoch, the ids the training step saw are each sample exactly once."""
+    trained = json.loads((out / "trained.json").read_text())
+    assert sorted(trained) == [str(e) for e in range(EPOCHS)], sorted(trained)
+    for epoch, ids in trained.items():
+        counts = collections.Counter(ids)
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        missing = sorted(set(range(SAMPLES)) - set(counts))
+        assert not repeated and not missing, (epoch, repeated, missing)
+
+
+def restart_lines(output: str) -> list[str]:
+    return [ln for ln in output.splitlines() if ": restart " in ln and " after " in ln]
+
+
+# ------------------------------------------------------------------ hvdkitrun
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_kill_mid_epoch_restarts_and_resumes_exactly(tmp_path, tmp_path_factory, transport):
+    # rank 1 SIGKILLs itself before global step 5 (epoch 0); the last checkpoint is step 4
+    proc, out = hvdkitrun(tmp_path, "killed", transport, "--fault", "0:kill:1:5", restarts=2)
+    assert proc.returncode == 0, proc.output[-4000:]
+    lines = restart_lines(proc.stderr)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("hvdkitrun: restart 1/2 after rank 1 "), lines[0]
+    assert lines[0].endswith("; resuming from checkpoint step 4."), lines[0]
+    for rank in (0, 1):
+        seen = [(a["attempt"], a["resumed_from"], a["size"]) for a in attempts(out, rank)]
+        assert seen == [(0, 0, 2), (1, 4, 2)], (rank, seen)  # HVDKIT_RESTART_COUNT 0, then 1
+    assert_every_sample_once(out)
+    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_stall_is_recovered_like_a_death(tmp_path, tmp_path_factory, transport):
+    proc, out = hvdkitrun(
+        tmp_path,
+        "stalled",
+        transport,
+        "--fault",
+        "0:stop:1:7",
+        restarts=2,
+        env_extra={"HVDKIT_STALL_TIMEOUT": "20"},
+    )
+    assert proc.returncode == 0, proc.output[-4000:]
+    lines = restart_lines(proc.stderr)
+    assert len(lines) == 1, lines
+    assert "restart 1/2 after rank 1 stalled (no heartbeat for " in lines[0], lines[0]
+    assert lines[0].endswith("; resuming from checkpoint step 6."), lines[0]
+    stopped = attempts(out, 1)[0]["pid"]
+    alive = psutil.pid_exists(stopped) and psutil.Process(stopped).status() != "zombie"
+    assert not alive, "the SIGSTOPped rank was left behind"
+    assert [a["resumed_from"] for a in attempts(out, 0)] == [0, 6]
+    assert_every_sample_once(out)
+    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
+
+
+def test_a_spent_budget_ends_non_zero_listing_every_cause(tmp_path):
+    proc, out = hvdkitrun(
+        tmp_path, "spent", "gloo", "--fault", "0:kill:1:3", "--fault", "1:exit:0:5", restarts=1
+    )
+    assert proc.returncode != 0, proc.output[-4000:]
+    lines = restart_lines(proc.stderr)
+    assert len(lines) == 1 and "restart 1/1 after rank 1 " in lines[0], lines
+    assert "resuming from checkpoint step 2." in lines[0]
+    summary = [ln for ln in proc.stderr.splitlines() if "gave up after" in ln]
+    assert len(summary) == 1, proc.stderr[-4000:]
+    assert (
+        "hvdkitrun: gave up after 2 failed attempts (1 restarts): attempt 1: rank 1 "
+        in (summary[0])
+    )
+    assert "; attempt 2: rank 0 exit code 3" in summary[0], summary[0]
+    assert not (out / "trained.json").exists()
+
+
+def test_max_restarts_0_fails_as_before(tmp_path):
+    proc, out = hvdkitrun(tmp_path, "norestart", "gloo", "--fault", "0:exit:1:3", restarts=0)
+    assert proc.returncode == 1, proc.output[-4000:]
+    assert "hvdkitrun: rank 1 failed (exit code 3)" in proc.stderr
+    assert not restart_lines(proc.output) and "gave up" not in proc.output
+    assert [a["attempt"] for a in attempts(out, 1)] == [0]
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_a_rank_exiting_0_early_is_a_failure_and_restarted(tmp_path, tmp_path_factory, transport):
+    # os._exit(0) in the middle of training: no error, but the job is not done
+    proc, out = hvdkitrun(tmp_path, "exit0", transport, "--fault", "0:exit0:1:5", restarts=1)
+    assert proc.returncode == 0, proc.output[-4000:]
+    lines = restart_lines(proc.stderr)
+    assert len(lines) == 1 and "restart 1/1 after rank 1 " in lines[0], lines
+    assert "hvdkitrun: rank 1 failed (" in proc.stderr
+    assert_every_sample_once(out)
+    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
+
+
+# ------------------------------------------------------------------ scheduler/worker
+def start(cmd, env_extra, cwd, netns=None):
+    env = {**launcher_env(), **env_extra}
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
+    )
+
+
+def wait_for(path: Path, procs, what: str) -> None:
+    """Until ``path`` exists; fails at once if a process of the job ended first."""
+    while not path.exists():
+        ended = [p.args for p in procs if p.poll() is not None]
+        assert not ended, f"{what}: a process ended first: {ended}"
+        time.sleep(0.2)
+
+
+def lose_rank_1_for_good(out: Path, procs) -> int:
+    """Wait until rank 1 holds at step 5, then SIGKILL its worker (its program dies with it)."""
+    wait_for(out / "held", procs, "rank 1 did not reach step 5")
+    program = attempts(out, 1)[0]["pid"]
+    worker = psutil.Process(program).parent()
+    os.kill(worker.pid, signal.SIGKILL)
+    return worker.pid
+
+
+def scheduler_job(
+    root,
+    name,
+    *,
+    min_workers=None,
+    replace=False,
+    netns=(None, None, None),
+    sched_host="127.0.0.1",
+    port=None,
+):
+    out, ckpt = job_dirs(root, name)
+    extra = dict(
+        HVDKIT_SCHED_HOST=sched_host, HVDKIT_MAX_RESTARTS=1, HVDKIT_CHECKPOINT_DIR=str(ckpt)
+    )
+    if min_workers is not None:
+        extra.update(HVDKIT_MIN_WORKERS=min_workers, HVDKIT_REPLACE_TIMEOUT=2)
+    env = sched_env(port or free_port(), **extra)
+    train = [PY, TRAIN, str(out), str(ckpt), "--hold", "0:1:5"]
+    sched = start([SCHEDULER_SH], env, root, netns[0])
+    time.sleep(0.5)
+    first = start([WORKERS_SH, "1", *train], env, root, netns[1])
+    second = start([WORKERS_SH, "1", *train], env, root, netns[2])
+    lose_rank_1_for_good(out, [sched, first, second])
+    procs = [sched, first, second]
+    if replace:
+        procs.append(start([WORKERS_SH, "1", *train], env, root, netns[2]))
+    results = [p.communicate(timeout=HANG) for p in procs]
+    return [p.returncode for p in procs], [o for o, _ in results], out
+
+
+def test_scheduler_goes_on_with_min_workers_and_trains_the_rest_exactly_once(tmp_path):
+    codes, outs, out = scheduler_job(tmp_path, "shrink", min_workers=1)
+    assert codes[0] == 0 and codes[1] == 0, outs
+    assert codes[2] != 0  # the lost worker
+    sched = outs[0]
+    assert "round failed: rank 1 lost its worker" in sched, sched
+    assert "scheduler: restart 1/1 after rank 1 lost its worker" in sched, sched
+    assert "resuming from checkpoint step 4." in sched
+    assert "continuing on 1 of 2 workers (HVDKIT_MIN_WORKERS=1)" in sched
+    assert "all 1 ranks finished successfully" in sched
+    runs = attempts(out, 0)
+    assert [(a["attempt"], a["size"], a["resumed_from"]) for a in runs] == [(0, 2, 0), (1, 1, 4)]
+    # the learning-rate hook saw the world size change
+    assert runs[1]["old_size"] == 2 and runs[1]["lr"] == pytest.approx(runs[0]["lr"] / 2)
+    assert_every_sample_once(out)
+
+
+def test_scheduler_takes_a_replacement_worker(tmp_path, tmp_path_factory):
+    codes, outs, out = scheduler_job(tmp_path, "replace", replace=True)
+    assert codes[0] == 0 and codes[1] == 0 and codes[3] == 0, outs
+    assert codes[2] != 0
+    assert "scheduler: restart 1/1 after rank 1 lost its worker" in outs[0], outs[0]
+    assert "assigned 2 ranks on 1 host(s); rendezvous on port" in outs[0]
+    for rank in (0, 1):
+        assert attempts(out, rank)[-1]["attempt"] == 1
+        assert attempts(out, rank)[-1]["resumed_from"] == 4
+    assert "rank 1 of 2 (local 1 of 2) on lo, restart 1" in outs[3], outs[3]
+    assert_every_sample_once(out)
+    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, "gloo"))
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_scheduler_restart_across_two_network_namespaces(tmp_path, two_hosts):  # noqa: F811
+    a, b = two_hosts
+    codes, outs, out = scheduler_job(
+        tmp_path, "netns", min_workers=1, netns=(a, a, b), sched_host="10.213.7.1", port=29715
+    )
+    assert codes[0] == 0 and codes[1] == 0 and codes[2] != 0, outs
+    assert "assigned 2 ranks on 2 host(s)" in outs[0], outs[0]
+    assert "continuing on 1 of 2 workers" in outs[0]
+    assert [a_["size"] for a_ in attempts(out, 0)] == [2, 1]
+    assert_every_sample_once(out)
+
+
+# ------------------------------------------------------------------ with hvdkit.Checkpointer
+FT_TRAIN = MULTIPROC / "ft_train.py"
+FT_REASON = None if FT_TRAIN.exists() else "tests/multiproc/ft_train.py (issue 9, checkpoint half)"
+
+
+def ft_job(root: Path, name: str, transport: str, *extra, restarts=None):
+    out = root / name
+    out.mkdir()
+    ckpt = out / "ckpt"
+    opts = [] if restarts is None else ["--max-restarts", str(restarts)]
+    cmd = [HVDKITRUN, "-np", "2", f"--{transport}", *opts, "--checkpoint-dir", str(ckpt)]
+    cmd += [PY, str(FT_TRAIN), str(out), "--mode", "fit", "--ckpt", str(ckpt), *extra]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=launcher_env(), cwd=root, timeout=HANG
+    )
+    proc.output = proc.stdout + proc.stderr
+    return proc, out
+
+
+def ft_trained_ids(out: Path, last_attempt: int) -> dict[int, collections.Counter]:
+    """Per epoch, the ids the training steps kept: each attempt's steps up to where the next
+    attempt resumed (later ones were redone), and every step of the last attempt."""
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for attempt in range(last_attempt + 1):
+        nxt = out / f"ids-a{attempt + 1}-r0.jsonl"
+        until = None
+        if nxt.exists():
+            until = json.loads(nxt.read_text().splitlines()[0])["resumed_from"]
+        for rank in (0, 1):
+            lines = (out / f"ids-a{attempt}-r{rank}.jsonl").read_text().splitlines()[1:]
+            for line in map(json.loads, lines):
+                if until is None or line["step"] <= until:
+                    per_epoch[line["epoch"]].update(line["ids"])
+    return dict(per_epoch)
+
+
+@pytest.mark.skipif(FT_REASON is not None, reason=FT_REASON or "")
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_checkpointer_job_killed_mid_epoch_equals_uninterrupted(tmp_path, transport):
+    ref, ref_out = ft_job(tmp_path, "uninterrupted", transport)
+    assert ref.returncode == 0, ref.output[-4000:]
+    proc, out = ft_job(tmp_path, "killed", transport, "--crash-at", "17", restarts=2)
+    assert proc.returncode == 0, proc.output[-4000:]
+    lines = restart_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("hvdkitrun: restart 1/2 after rank 1 "), lines
+    resumed = json.loads((out / "result-a1-r0.json").read_text())["resumed_from"]
+    assert 0 < resumed < 17
+    assert lines[0].endswith(f"; resuming from checkpoint step {resumed}."), (lines, resumed)
+    for rank in (0, 1):
+        want = json.loads((ref_out / f"result-a0-r{rank}.json").read_text())["weights"]
+        got = json.loads((out / f"result-a1-r{rank}.json").read_text())["weights"]
+        assert len(got) == len(want)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=0)
+    assert ft_trained_ids(out, 1) == ft_trained_ids(ref_out, 0)
