@@ -12,7 +12,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
 
     python ft_train.py OUTDIR [--mode fit|sink|loop|data_sink] [--ckpt DIR]
         [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
-        [--crash-at STEP] [--crash-rank 1] [--crash-in-save STEP] [--attempt A]
+        [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
+        [--crash-in-save STEP] [--attempt A]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -23,6 +24,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   in the sink modes; ``N / (S*B)`` steps per epoch must be a multiple of it).
 * ``--crash-at STEP``: rank ``--crash-rank`` SIGKILLs itself inside training
   step STEP (after the step's update, before any callback sees it).
+* ``--crash-how``: ``kill`` (default) SIGKILL, ``stop`` SIGSTOP (a stall: the
+  process stays, frozen), ``exit`` ``os._exit(3)`` (a non-zero exit).
 * ``--crash-in-save STEP``: rank 0 SIGKILLs itself in the middle of writing
   the checkpoint of step STEP (leaving a torn ``.tmp-ckpt-...`` folder).
 * Crashes happen only on the first attempt: ``--attempt`` (default
@@ -72,6 +75,7 @@ def parse_args(argv):
     p.add_argument("--sink-size", type=int, default=3)
     p.add_argument("--crash-at", type=int, default=None)
     p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--crash-how", choices=["kill", "stop", "exit"], default="kill")
     p.add_argument("--crash-in-save", type=int, default=None)
     p.add_argument("--attempt", type=int, default=None)
     return p.parse_args(argv)
@@ -89,10 +93,12 @@ IDS = open(os.path.join(ARGS.outdir, f"ids-a{ATTEMPT}-r{RANK}.jsonl"), "w")
 STATE = {"epoch": 0, "resumed_from": 0}
 
 
-def kill_self(why: str) -> None:
+def kill_self(why: str, how: str = "kill") -> None:
     IDS.flush()
-    os.write(2, f"[rank {RANK}] ft_train: crashing on purpose: {why}\n".encode())
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.write(2, f"[rank {RANK}] ft_train: crashing on purpose ({how}): {why}\n".encode())
+    if how == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
 def record(step, ids):
@@ -107,7 +113,7 @@ def record(step, ids):
         and ATTEMPT == 0
         and STATE["resumed_from"] < step
     ):
-        kill_self(f"inside training step {step}")
+        kill_self(f"inside training step {step}", ARGS.crash_how)
 
 
 def record_op(step, ids):
