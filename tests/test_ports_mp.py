@@ -7,14 +7,17 @@ disjoint and complete, w = [2, 3], ...
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import socket
+import sys
 
 import numpy as np
-from datafiles import CIFAR_TRAIN, write_cifar
+import pytest
+from datafiles import CIFAR_TRAIN, write_cifar, write_mnist
 
-from conftest import REPO, launcher_env, run_bounded
+from conftest import REPO, VENV_BIN, launcher_env, run_bounded
 
 PORTS = REPO / "examples" / "mindspore"
 
@@ -59,3 +62,119 @@ def test_cpu_data_parallel_run_sh_trains_one_job(tmp_path):
     assert len(ids[0]) == len(ids[1]) == 80 and not ids[0] & ids[1]  # disjoint shards
     assert ids[0] | ids[1] == set(range(160))  # that cover CIFAR-10 (the test's 160 images)
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
+
+
+# ------------------------------------------------------------------ mpirun tutorials
+MNIST_N = 320  # 10 global batches of 32
+
+
+def mnist_dir(tmp_path):
+    write_mnist(tmp_path / "mnist", "train", n=MNIST_N)
+    return tmp_path / "mnist"
+
+
+def run_port(port, how, tmp_path, extra_env=None, timeout=900):
+    """Run examples/mindspore/<port> as ``how``: "1" (python), "mpirun" (run.sh), "gloo"."""
+    data = mnist_dir(tmp_path)
+    reports = tmp_path / f"reports-{how}"
+    reports.mkdir()
+    env = launcher_env()
+    env.update(DATA_PATH=str(data), PORT_REPORT_DIR=str(reports), **(extra_env or {}))
+    script = PORTS / port / "train.py"
+    if how == "1":
+        cmd = [sys.executable, str(script)]
+    elif how == "mpirun":  # the tutorial's run.sh, 2 processes instead of 8
+        env["RANK_SIZE"] = "2"
+        cmd = ["bash", str(PORTS / port / "run.sh")]
+    else:
+        cmd = [str(VENV_BIN / "horovodrun"), "-np", "2", f"--{how}", sys.executable, str(script)]
+    code, out, timed_out = run_bounded(cmd, timeout, env=env, cwd=tmp_path)
+    assert not timed_out and code == 0, out[-4000:]
+    n = 1 if how == "1" else 2
+    return [json.loads((reports / f"rank{r}.json").read_text()) for r in range(n)], out
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """Each port's report from one process (whole batches, whole images), computed once."""
+    cache = {}
+
+    def get(port):
+        if port not in cache:
+            cache[port] = run_port(port, "1", tmp_path_factory.mktemp(port))[0][0]
+        return cache[port]
+
+    return get
+
+
+@pytest.mark.parametrize("how", ["mpirun", "gloo"])
+def test_manual_parallel_ranks_identical_and_equal_to_one_process(how, tmp_path, single_process):
+    ranks, out = run_port("manual_parallel", how, tmp_path)
+    one = single_process("manual_parallel")
+    assert [r["size"] for r in ranks] == [2, 2] and one["size"] == 1
+    np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
+    np.testing.assert_allclose(ranks[0]["weights"], one["weights"], atol=1e-5)
+    np.testing.assert_allclose(ranks[0]["losses"], one["losses"], rtol=1e-5)
+    assert len(one["losses"]) == 10 and one["losses"][-1] < 0.7 * one["losses"][0]
+    # LossMonitor(20): steps 20, 40, ..., 100, printed by both ranks
+    steps = re.findall(r"epoch: \d+ step: (\d+), loss is", out)
+    assert sorted(map(int, steps)) == sorted(2 * [20, 40, 60, 80, 100]), out[-3000:]
+
+
+@pytest.mark.parametrize("how", ["mpirun", "gloo"])
+def test_dataset_slice_strips_train_like_whole_images(how, tmp_path, single_process):
+    ranks, _ = run_port("dataset_slice", how, tmp_path)
+    one = single_process("dataset_slice")
+    assert [r["strips"] for r in ranks] == [2, 2] and one["strips"] == 1
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # one job: the same loss on every rank
+    np.testing.assert_array_equal(ranks[0]["replicated"], ranks[1]["replicated"])
+    # the strips' job computes what one process computes on the whole images
+    np.testing.assert_allclose(ranks[0]["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose(ranks[0]["replicated"], one["replicated"], atol=1e-5)
+    assert len(one["losses"]) == 50 and one["losses"][-1] < one["losses"][0]
+
+
+# ------------------------------------------------------------------ sink mode, one process
+def test_sink_mode_tutorial(tmp_path):
+    spec = importlib.util.spec_from_file_location("lenet_sink", REPO / "examples" / "lenet_sink.py")
+    lenet_sink = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lenet_sink)
+    data = tmp_path / "mnist"
+    data.mkdir()
+    lenet_sink.write_mnist_format(data, train=320, test=32)  # learnable digits-like patterns
+    env = launcher_env()
+    env.update(DATA_PATH=str(data), SINK_SIZE="100")  # the tutorial's 1000, cut for time
+    cmd = [sys.executable, str(PORTS / "sink_mode" / "train.py")]
+    code, out, timed_out = run_bounded(cmd, 900, env=env, cwd=tmp_path)
+    assert not timed_out and code == 0, out[-4000:]
+    # Model.train: 10 epochs, each one sink of sink_size steps, one loss line per epoch
+    epochs = re.findall(r"^epoch: (\d+) step: (\d+), loss is ([\d.]+)", out, re.M)
+    assert [(int(e), int(s)) for e, s, _ in epochs] == [(e, 100) for e in range(1, 11)], out[-3000:]
+    # LeNet-5 with the tutorial's TruncatedNormal(0.02) start leaves chance level slowly:
+    # after 1000 steps the loss is below ln(10) = 2.3026 and below the first epoch's
+    losses = [float(loss) for _, _, loss in epochs]
+    assert losses[-1] < losses[0] and losses[-1] < np.log(10) - 0.01, losses
+    # data_sink: 10 epochs of 10 batches in 100, 10 and 1 host calls
+    assert len(re.findall(r"^step \d+, loss is", out, re.M)) == 100
+    assert len(re.findall(r"^epoch \d+, loss is", out, re.M)) == 10
+    assert re.findall(r"^sink (\d): (\d+) calls, (\d+) steps", out, re.M) == [
+        ("1", "100", "100"),
+        ("2", "10", "100"),
+        ("3", "1", "100"),
+    ]
+
+
+# ------------------------------------------------------------------ OneFlow's DDP toy
+def test_oneflow_ddp_toy_w_converges_to_2_3(transport):
+    cmd = [
+        str(VENV_BIN / "horovodrun"), "-np", "2", f"--{transport}", sys.executable,
+        str(REPO / "examples" / "oneflow_ddp_toy.py"),
+    ]  # fmt: skip
+    code, out, timed_out = run_bounded(cmd, 600, env=launcher_env())
+    assert not timed_out and code == 0, out[-3000:]
+    # horovodrun prefixes lines "[0]<stdout>:" (Gloo) or "[1,0]<stdout>:" (MPI)
+    ws = re.findall(r"\[(?:\d+,)?(\d)\]<stdout>:w:(\[\[.*?\]\])", out)
+    assert sorted(r for r, _ in ws) == ["0", "1"], out[-3000:]
+    w0, w1 = (np.array(json.loads(w)) for _, w in sorted(ws))
+    np.testing.assert_array_equal(w0, w1)  # one model on both ranks
+    np.testing.assert_allclose(w0, [[2.0], [3.0]], atol=1e-3)
