@@ -8,9 +8,9 @@ watches: the first worker that fails or disappears makes it tell all others to
 stop. Without restarts it then exits non-zero naming that rank; with
 ``max_restarts`` it starts the job again (a new *round*: new rendezvous, same
 token) on the workers still connected, waiting for replacements of lost
-ones, or going on with ``min_workers`` or more. This module and
-:mod:`hvdkit.backends.horovod` are the only ones that import Horovod: this one
-for the launcher's rendezvous server, that one for the collectives.
+ones, or going on with ``min_workers`` or more. The launcher uses Horovod's
+runner only (the rendezvous server, guarded in :mod:`hvdkit.launch.guard`);
+:mod:`hvdkit.backends.horovod` is the only module that uses its collectives.
 
 Messages (one JSON object per line, :mod:`hvdkit.launch.protocol`):
 scheduler -> worker ``assign`` (with ``round``), ``abort`` (with ``round``),
