@@ -196,12 +196,16 @@ def wait_for(path: Path, procs, what: str) -> None:
 
 
 def lose_rank_1_for_good(out: Path, procs) -> int:
-    """Wait until rank 1 holds at step 5, then SIGKILL its worker (its program dies with it)."""
+    """Wait until rank 1 holds at step 5, then SIGKILL its worker (its program dies with it).
+
+    Returns the pid of the worker script (run_workers.sh) that started that worker.
+    """
     wait_for(out / "held", procs, "rank 1 did not reach step 5")
     program = attempts(out, 1)[0]["pid"]
     worker = psutil.Process(program).parent()
+    script = worker.ppid()
     os.kill(worker.pid, signal.SIGKILL)
-    return worker.pid
+    return script
 
 
 def scheduler_job(
@@ -214,6 +218,10 @@ def scheduler_job(
     sched_host="127.0.0.1",
     port=None,
 ):
+    """Scheduler + 2 workers; rank 1's worker is lost for good at step 5 of attempt 0.
+
+    Returns ``{"scheduler"|"survivor"|"lost"|"replacement": (exit code, output)}``.
+    """
     out, ckpt = job_dirs(root, name)
     extra = dict(
         HVDKIT_SCHED_HOST=sched_host, HVDKIT_MAX_RESTARTS=1, HVDKIT_CHECKPOINT_DIR=str(ckpt)
@@ -224,21 +232,23 @@ def scheduler_job(
     train = [PY, TRAIN, str(out), str(ckpt), "--hold", "0:1:5"]
     sched = start([SCHEDULER_SH], env, root, netns[0])
     time.sleep(0.5)
-    first = start([WORKERS_SH, "1", *train], env, root, netns[1])
-    second = start([WORKERS_SH, "1", *train], env, root, netns[2])
-    lose_rank_1_for_good(out, [sched, first, second])
-    procs = [sched, first, second]
+    workers = [start([WORKERS_SH, "1", *train], env, root, ns) for ns in netns[1:]]
+    lost_script = lose_rank_1_for_good(out, [sched, *workers])
+    lost = next(w for w in workers if w.pid == lost_script)
+    survivor = next(w for w in workers if w is not lost)
+    procs = {"scheduler": sched, "survivor": survivor, "lost": lost}
     if replace:
-        procs.append(start([WORKERS_SH, "1", *train], env, root, netns[2]))
-    results = [p.communicate(timeout=HANG) for p in procs]
-    return [p.returncode for p in procs], [o for o, _ in results], out
+        ns = netns[1 + workers.index(lost)]
+        procs["replacement"] = start([WORKERS_SH, "1", *train], env, root, ns)
+    results = {k: p.communicate(timeout=HANG)[0] for k, p in procs.items()}
+    return {k: (p.returncode, results[k]) for k, p in procs.items()}, out
 
 
 def test_scheduler_goes_on_with_min_workers_and_trains_the_rest_exactly_once(tmp_path):
-    codes, outs, out = scheduler_job(tmp_path, "shrink", min_workers=1)
-    assert codes[0] == 0 and codes[1] == 0, outs
-    assert codes[2] != 0  # the lost worker
-    sched = outs[0]
+    job, out = scheduler_job(tmp_path, "shrink", min_workers=1)
+    assert job["scheduler"][0] == 0 and job["survivor"][0] == 0, job
+    assert job["lost"][0] != 0
+    sched = job["scheduler"][1]
     assert "round failed: rank 1 lost its worker" in sched, sched
     assert "scheduler: restart 1/1 after rank 1 lost its worker" in sched, sched
     assert "resuming from checkpoint step 4." in sched
@@ -252,15 +262,17 @@ def test_scheduler_goes_on_with_min_workers_and_trains_the_rest_exactly_once(tmp
 
 
 def test_scheduler_takes_a_replacement_worker(tmp_path, tmp_path_factory):
-    codes, outs, out = scheduler_job(tmp_path, "replace", replace=True)
-    assert codes[0] == 0 and codes[1] == 0 and codes[3] == 0, outs
-    assert codes[2] != 0
-    assert "scheduler: restart 1/1 after rank 1 lost its worker" in outs[0], outs[0]
-    assert "assigned 2 ranks on 1 host(s); rendezvous on port" in outs[0]
+    job, out = scheduler_job(tmp_path, "replace", replace=True)
+    codes = {k: c for k, (c, _) in job.items()}
+    assert codes["scheduler"] == codes["survivor"] == codes["replacement"] == 0, job
+    assert codes["lost"] != 0
+    sched = job["scheduler"][1]
+    assert "scheduler: restart 1/1 after rank 1 lost its worker" in sched, sched
+    assert sched.count("assigned 2 ranks on 1 host(s); rendezvous on port") == 2, sched
     for rank in (0, 1):
-        assert attempts(out, rank)[-1]["attempt"] == 1
-        assert attempts(out, rank)[-1]["resumed_from"] == 4
-    assert "rank 1 of 2 (local 1 of 2) on lo, restart 1" in outs[3], outs[3]
+        last = attempts(out, rank)[-1]
+        assert (last["attempt"], last["resumed_from"], last["size"]) == (1, 4, 2)
+    assert "rank 1 of 2 (local 1 of 2) on lo, restart 1" in job["replacement"][1]
     assert_every_sample_once(out)
     np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, "gloo"))
 
@@ -268,12 +280,14 @@ def test_scheduler_takes_a_replacement_worker(tmp_path, tmp_path_factory):
 @pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
 def test_scheduler_restart_across_two_network_namespaces(tmp_path, two_hosts):  # noqa: F811
     a, b = two_hosts
-    codes, outs, out = scheduler_job(
+    job, out = scheduler_job(
         tmp_path, "netns", min_workers=1, netns=(a, a, b), sched_host="10.213.7.1", port=29715
     )
-    assert codes[0] == 0 and codes[1] == 0 and codes[2] != 0, outs
-    assert "assigned 2 ranks on 2 host(s)" in outs[0], outs[0]
-    assert "continuing on 1 of 2 workers" in outs[0]
+    codes = {k: c for k, (c, _) in job.items()}
+    assert codes["scheduler"] == codes["survivor"] == 0 and codes["lost"] != 0, job
+    sched = job["scheduler"][1]
+    assert "assigned 2 ranks on 2 host(s)" in sched, sched
+    assert "continuing on 1 of 2 workers" in sched
     assert [a_["size"] for a_ in attempts(out, 0)] == [2, 1]
     assert_every_sample_once(out)
 
