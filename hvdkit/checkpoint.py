@@ -9,29 +9,18 @@ on another number of ranks), the host random-number state (Python's
 ``random``, NumPy's global generator, Keras's global ``SeedGenerator``) and
 a JSON-able dict of user extras.
 
-On disk, ``directory`` holds one folder per checkpoint::
-
-    ckpt-0000000120/
-        arrays.bin      every variable's bytes, back to back (C order)
-        state.json      step, epoch, sampler state, random state, extras
-        manifest.json   format, step, size and SHA-256 of the two files,
-                        name/shape/dtype/offset of every variable, and the
-                        SHA-256 of the manifest itself
-
-Rank 0 writes it under a temporary name (``.tmp-ckpt-...``), fsyncs every
-file and the folder, renames it to ``ckpt-<step>`` and fsyncs ``directory``:
-a folder named ``ckpt-<step>`` with a manifest is complete. A process killed
-while writing leaves only a ``.tmp-ckpt-...`` folder, which
-:meth:`Checkpointer.restore` skips with a warning and the next save removes.
+Rank 0 writes each checkpoint atomically (a temporary folder, fsync,
+rename; a manifest with SHA-256 checksums; see :mod:`hvdkit._checkpoint_files`)
+and keeps the last ``keep``; :meth:`Checkpointer.restore` skips torn or corrupt
+ones with a warning and loads the newest complete one on rank 0, then
+broadcasts it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import time
 import warnings
@@ -41,19 +30,13 @@ from typing import Any
 import keras
 import numpy as np
 
+from . import _checkpoint_files as files
 from . import _compat, collectives, errors, runtime
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
-from .errors import ConfigurationError, DataFormatError, HvdkitError
+from .errors import ConfigurationError, HvdkitError
 
 __all__ = ["Checkpointer", "CheckpointWarning"]
-
-FORMAT = "hvdkit-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST, ARRAYS, STATE = "manifest.json", "arrays.bin", "state.json"
-_NAME = re.compile(r"ckpt-(\d{10})")
-_TMP_PREFIX = ".tmp-ckpt-"
-_CHUNK = 1 << 24  # bytes hashed/written per call
 
 # Test hook: called as _write_hook(stage, step) while rank 0 writes a
 # checkpoint ("arrays": after the first variable's bytes are written). The
@@ -63,84 +46,6 @@ _write_hook = None
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped on restore (torn or corrupt); the message names it."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _manifest_digest(manifest: dict) -> str:
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _scan(directory: Path) -> tuple[list[tuple[int, Path]], list[tuple[Path, str]]]:
-    """``(complete-looking checkpoints newest first, [(torn folder, why)])``."""
-    found, torn = [], []
-    for p in sorted(directory.iterdir()):
-        if p.name.startswith(_TMP_PREFIX):
-            torn.append((p, "an unfinished write (its writer stopped before renaming it)"))
-            continue
-        m = _NAME.fullmatch(p.name)
-        if m and p.is_dir():
-            if (p / MANIFEST).is_file():
-                found.append((int(m.group(1)), p))
-            else:
-                torn.append((p, f"it has no {MANIFEST}"))
-    found.sort(reverse=True)
-    return found, torn
-
-
-def _read_manifest(folder: Path) -> dict:
-    """The manifest of ``folder``; DataFormatError if it is not a valid hvdkit manifest."""
-    path = folder / MANIFEST
-    fix = (
-        f"Move or delete the folder {folder} to resume from the checkpoint before it, "
-        "or restore the file from a backup."
-    )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataFormatError(f"checkpoint manifest {path} is unreadable ({e}). {fix}") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataFormatError(
-            f"{path} is not an hvdkit checkpoint manifest (no format={FORMAT!r}). {fix}"
-        )
-    if manifest.get("version") != FORMAT_VERSION:
-        raise DataFormatError(
-            f"{path} has checkpoint format version {manifest.get('version')!r}; this hvdkit "
-            f"reads version {FORMAT_VERSION}. {fix}"
-        )
-    if manifest.get("manifest_sha256") != _manifest_digest(manifest):
-        raise DataFormatError(f"checkpoint manifest {path} fails its own checksum. {fix}")
-    return manifest
-
-
-def _read_payload(folder: Path, manifest: dict) -> tuple[dict[str, bytes], str | None]:
-    """``({file name: bytes}, None)``, or ``({}, why the files do not match the manifest)``."""
-    payload = {}
-    for name, meta in manifest["files"].items():
-        try:
-            data = (folder / name).read_bytes()
-        except OSError as e:
-            return {}, f"{name} cannot be read ({e.strerror or e})"
-        if len(data) != meta["bytes"]:
-            return {}, f"{name} has {len(data)} bytes, the manifest says {meta['bytes']}"
-        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-            return {}, f"{name} fails its SHA-256 checksum"
-        payload[name] = data
-    return payload, None
 
 
 def _dtype_name(variable) -> str:
@@ -327,7 +232,7 @@ class Checkpointer:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".hvdkit-write-test-{os.getpid()}"
-            _write_file(probe, b"ok")
+            files.write_file(probe, b"ok")
             probe.unlink()
         except OSError as e:
             raise ConfigurationError(
@@ -339,7 +244,7 @@ class Checkpointer:
     # ------------------------------------------------------------ restore
     def _find_on_root(self, variables: list) -> tuple[Path, dict, list, dict] | None:
         self._check_directory()
-        found, torn = _scan(self.directory)
+        found, torn = files.scan(self.directory)
         for path, why in torn:
             warnings.warn(
                 f"skipping torn checkpoint {path}: {why}; the next save removes it.",
@@ -347,8 +252,8 @@ class Checkpointer:
                 stacklevel=3,
             )
         for _, folder in found:
-            manifest = _read_manifest(folder)
-            payload, problem = _read_payload(folder, manifest)
+            manifest = files.read_manifest(folder)
+            payload, problem = files.read_payload(folder, manifest)
             if problem is not None:
                 aside = folder.with_name(f"corrupt-{folder.name}-{int(time.time())}")
                 folder.rename(aside)
@@ -360,8 +265,8 @@ class Checkpointer:
                 )
                 continue
             self._check_matches(folder, manifest, variables)
-            state = json.loads(payload[STATE])
-            raw = payload[ARRAYS]
+            state = json.loads(payload[files.STATE])
+            raw = payload[files.ARRAYS]
             arrays = [
                 np.frombuffer(
                     raw,
@@ -400,7 +305,7 @@ class Checkpointer:
                 )
         if diffs:
             raise ConfigurationError(
-                f"checkpoint {folder / MANIFEST} was written for another model: "
+                f"checkpoint {folder / files.MANIFEST} was written for another model: "
                 f"{'; '.join(diffs[:3])}{' ...' if len(diffs) > 3 else ''}. Point the "
                 "Checkpointer at another directory for this model, or move that folder away "
                 "to start afresh."
@@ -515,7 +420,7 @@ class Checkpointer:
             return None
         self._check_extra(self.extra)
         self._check_directory()
-        found, torn = _scan(self.directory)
+        found, torn = files.scan(self.directory)
         newer = [p.name for s, p in found if s > step]
         if newer:
             raise ConfigurationError(
@@ -536,70 +441,16 @@ class Checkpointer:
             "world_size": runtime.size(),
             "saved_at": time.time(),
         }
-        folder = self._write(step, named, state)
+        arrays = (
+            ({"group": group, "name": getattr(v, "path", v.name), "dtype": _dtype_name(v)}, v.numpy)
+            for group, v in named
+        )
+        folder = files.write(self.directory, step, arrays, state, _write_hook)
         self.last_path = folder
-        found, _ = _scan(self.directory)
+        found, _ = files.scan(self.directory)
         for _, old in found[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
         return folder
-
-    def _write(self, step: int, named: list, state: dict) -> Path:
-        final = self.directory / f"ckpt-{step:010d}"
-        tmp = self.directory / f"{_TMP_PREFIX}{step:010d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        entries, offset, digest = [], 0, hashlib.sha256()
-        with open(tmp / ARRAYS, "wb") as f:
-            for i, (group, var) in enumerate(named):
-                value = np.asarray(var.numpy(), order="C")  # 0-d stays 0-d
-                data = value.reshape(-1).view(np.uint8)
-                for lo in range(0, data.size, _CHUNK):
-                    f.write(data[lo : lo + _CHUNK])
-                digest.update(data)
-                entries.append(
-                    {
-                        "group": group,
-                        "name": getattr(var, "path", var.name),
-                        "shape": list(value.shape),
-                        "dtype": _dtype_name(var),
-                        "offset": offset,
-                        "nbytes": int(value.nbytes),
-                    }
-                )
-                offset += int(value.nbytes)
-                if i == 0 and _write_hook is not None:
-                    f.flush()
-                    _write_hook("arrays", step)
-            f.flush()
-            os.fsync(f.fileno())
-        state_bytes = json.dumps(state, sort_keys=True).encode()
-        _write_file(tmp / STATE, state_bytes)
-        manifest = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "step": step,
-            "epoch": state["epoch"],
-            "files": {
-                ARRAYS: {"bytes": offset, "sha256": digest.hexdigest()},
-                STATE: {
-                    "bytes": len(state_bytes),
-                    "sha256": hashlib.sha256(state_bytes).hexdigest(),
-                },
-            },
-            "variables": entries,
-        }
-        manifest["manifest_sha256"] = _manifest_digest(manifest)
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-        _fsync_dir(tmp)
-        if final.exists():  # the same step saved again (a restart that redid it)
-            old = self.directory / f"{_TMP_PREFIX}old-{step:010d}-{os.getpid()}"
-            final.rename(old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(self.directory)
-        return final
 
     # ------------------------------------------------------------ schedule
     def due(self, step: int) -> bool:
