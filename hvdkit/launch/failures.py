@@ -33,7 +33,10 @@ _LAUNCHER_REPORTS = (
     (re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)"), "exit code"),
 )
 # mpirun, when a rank ended (even with status 0) without MPI_Finalize.
-_MPI_IMPROPER_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exiting\s+improperly")
+# Open MPI wraps the message, so any whitespace may separate its words.
+_MPI_IMPROPER_EXIT = re.compile(
+    r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+exiting\s+improperly"
+)
 # Horovod's stall inspector naming ranks missing from a collective.
 _MISSING_RANKS = re.compile(r"[Mm]issing ranks:\s*([\d, ]+)")
 

@@ -86,6 +86,13 @@ def test_plan_errors_name_the_value(given, fragment):
             ["process rank 1 with PID 77 on node vm exiting", "improperly. There are three"],
             (1, "ended without finishing MPI (e.g. os._exit)"),
         ),
+        (  # as Open MPI 4 wraps it
+            [
+                "mpirun has exited due to process rank 1 with PID 0 on",
+                "node vm exiting improperly. There are three reasons this could occur:",
+            ],
+            (1, "ended without finishing MPI (e.g. os._exit)"),
+        ),
         (
             ["Stalled ranks:", "0: [allreduce.x] Missing ranks: 1, 2"],
             (1, "stalled: Horovod reported it missing from a collective"),
