@@ -265,7 +265,7 @@ def shard(
       largest (pad) repeat their first records, ranks with more stop at the
       smallest (drop). That needs the records per file: given by
       ``records_per_file``, or, for the default TFRecord reader, counted from
-      the record headers (12 bytes per record; in a launched job each rank
+      each record's 8-byte length field (in a launched job each rank
       counts only its own files and the totals are exchanged, so every rank
       must call ``shard`` together). With fewer files than shards every rank
       reads all files and keeps its elements, with a :class:`ShardingWarning`.

@@ -264,9 +264,7 @@ def test_callback_counts_steps_and_needs_the_sampler_to_advance(tmp_path):
     sampler = ShardSampler(40, 1, 0, shuffle=True, seed=3)
     ckpt = hvdkit.Checkpointer(tmp_path / "b", model=model, sampler=sampler, every_steps=4)
     ckpt.restore()
-    model.fit(
-        sampler.dataset((DATA_X, DATA_Y)).batch(4), verbose=0, callbacks=[ckpt.callback(4)]
-    )
+    model.fit(sampler.dataset((DATA_X, DATA_Y)).batch(4), verbose=0, callbacks=[ckpt.callback(4)])
     assert ckpt.step == 10 and sampler.position == 40
     assert folders(tmp_path / "b") == ["ckpt-0000000004", "ckpt-0000000008"]
     state = json.loads((tmp_path / "b" / "ckpt-0000000008" / "state.json").read_text())

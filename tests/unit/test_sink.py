@@ -144,7 +144,7 @@ def test_data_sink_equals_plain_steps(local_runtime, built):
     """k calls of sink_size s give the weights of k*s plain steps (across epoch ends)."""
     # Reshuffled on every pass. A shuffle's seed sequence belongs to the
     # dataset object, so each loop gets its own, built the same way.
-    make_ds = lambda: data()[2].shuffle(7, seed=3)  # noqa: E731
+    make_ds = lambda: data()[2].shuffle(7, seed=3)
     k, s = 5, 3  # 15 steps over a dataset of 7 batches
     ref = make_model(built=built)
     ref_step = train_step_for(ref, keras.optimizers.Adam(0.01))
@@ -160,7 +160,7 @@ def test_data_sink_equals_plain_steps(local_runtime, built):
 
 
 def test_data_sink_jit_compile_single_process(local_runtime):
-    square_sums = lambda b: tf.reduce_sum(b * b)  # noqa: E731
+    square_sums = lambda b: tf.reduce_sum(b * b)
     run = sink.data_sink(square_sums, ids_dataset(), 4, jit_compile=True, return_all=True)
     assert run().numpy().tolist() == [5, 50, 149, 81]
 
