@@ -109,6 +109,30 @@ def refuse_xla(what: str) -> None:
         )
 
 
+def opaque_while_tracing(tensor):
+    """Pass a small graph tensor through unchanged, hidden from TF's trace-time evaluation.
+
+    Horovod 0.28.1 registers its TF ops as stateless. When a graph uses a
+    collective's output as a *shape* (``tf.reshape``, ``tf.split``'s sizes,
+    ``tf.fill``), TensorFlow's shape inference may run that subgraph while
+    tracing to learn the shape -- a real collective, on the ranks whose trace
+    takes that path only, which then pairs with the wrong call or hangs. A
+    stateful pass-through (``Print`` that never prints: ``first_n=0``) stops
+    that evaluation; it forwards the same buffer, on the CPU, so use it for
+    shape-sized metadata only, never for gradients.
+
+    Example::
+
+        sizes = _compat.opaque_while_tracing(received_splits)  # [size()] int32
+        pieces = tf.split(received, sizes, num=size())
+    """
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return tensor
+    return tf.raw_ops.Print(input=tensor, data=[], message="", first_n=0)
+
+
 def set_intra_op_threads(threads: int) -> bool:
     """Set TensorFlow's intra-op thread pool size; False if TF already started.
 

@@ -780,7 +780,7 @@ def neighbor_exchange(
         flags = tf.constant([int(j in by_dest), int(j in recv_from)], tf.int64)
         rows.append(tf.concat([flags, shape], 0))
     pattern = allgather(tf.stack(rows)[None], name=f"{name or 'neighbor_exchange'}.pattern")
-    pattern = tf.reshape(pattern, [n, n, 2 + ndim])  # [source, dest, ...]
+    pattern = tf.reshape(_compat.opaque_while_tracing(pattern), [n, n, 2 + ndim])  # [src, dest, ..]
     sends, expects = pattern[:, :, 0], tf.transpose(pattern[:, :, 1])
     if tf.executing_eagerly():
         diff = np.argwhere(sends.numpy() != expects.numpy())
@@ -798,21 +798,39 @@ def neighbor_exchange(
                 + ". Rank i must list j in send_to exactly when rank j lists i in recv_from."
             )
     else:
-        tf.debugging.assert_equal(
+        pattern_ok = tf.debugging.assert_equal(
             sends,
             expects,
             message="neighbor_exchange pattern does not match: rank i must list j in "
             "send_to exactly when rank j lists i in recv_from (rows: senders, columns: receivers)",
         )
+    # The data exchange must not start before the pattern is known and checked.
+    # Inside a tf.function nothing orders Horovod's ops but data, and a rank
+    # sending nothing has a constant payload (which Grappler folds, dropping
+    # control edges), so the splits are computed from the gathered pattern and
+    # wait for the check: every rank sees the same pattern and fails together,
+    # none is left in an alltoall the others never start.
     flat = [tf.reshape(by_dest[j], [-1]) for j in range(n) if j in by_dest]
     payload = tf.concat(flat, 0) if flat else tf.zeros([0], dtype)
-    splits = tf.stack([tf.size(by_dest[j], tf.int32) if j in by_dest else 0 for j in range(n)])
+    mine = pattern[me]  # [dest, 2 + ndim]
+    splits = tf.cast(mine[:, 0] * tf.reduce_prod(mine[:, 2:], axis=1), tf.int32)
+    if not tf.executing_eagerly():
+        with tf.control_dependencies([pattern_ok]):
+            splits = tf.identity(splits)
+    # In a graph Horovod matches ops by name, derived from the input's name when
+    # none is given; ranks with different patterns build different graphs, so
+    # the name must not depend on the pattern.
+    data_name = name if tf.executing_eagerly() else f"{name or 'neighbor_exchange'}.data"
     received, rsplits = _run(
         "neighbor_exchange",
         name,
         _describe(payload),
-        lambda: runtime.backend().alltoall(payload, splits, name),
+        lambda: runtime.backend().alltoall(payload, splits, data_name),
     )
+    if not tf.executing_eagerly():
+        # A rank that receives nothing returns nothing from the alltoall, and a
+        # tf.function prunes ops its outputs do not need; an assertion is kept.
+        tf.debugging.assert_non_negative(rsplits, message="neighbor_exchange.data ran")
     pieces = tf.split(received, rsplits, num=n)
     return [_out(tf.reshape(pieces[i], pattern[i, me, 2:]), as_numpy) for i in recv_from]
 

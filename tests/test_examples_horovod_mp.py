@@ -30,11 +30,18 @@ def losses(out):
     return float(m.group(1)), float(m.group(2))
 
 
+def weight_spread(out):
+    """The printed max |w_rank - w_0|; mpirun may put its tag before the line's end."""
+    m = re.search(r"weights differ between ranks by ([\d.eE+-]+)", out)
+    assert m, out[-3000:]
+    return float(m.group(1))
+
+
 def test_keras_fit_with_horovod_callbacks(transport, tmp_path):
     out = run("keras_mnist.py", transport, tmp_path)
     final, first = losses(out)
     assert final < first / 4, (final, first)
-    assert "weights differ between ranks by 0\n" in out  # broadcast + averaged gradients
+    assert weight_spread(out) == 0.0  # broadcast + averaged gradients
     acc = float(re.search(r"held-out accuracy ([\d.]+)", out).group(1))
     assert acc >= 0.9, out[-2000:]
     assert out.count("finished learning-rate warm-up at 0.002") == 1  # rank 0, 0.001 * size
@@ -48,7 +55,7 @@ def test_gradient_tape_loop(transport, tmp_path):
     out = run("gradient_tape_mnist.py", transport, tmp_path)
     final, first = losses(out)
     assert final < first / 4, (final, first)
-    assert "weights differ between ranks by 0\n" in out
+    assert weight_spread(out) == 0.0
     steps = [int(s) for s in re.findall(r"Step #(\d+)\t", out)]
     assert steps == list(range(0, 200, 10)), steps  # 400 job steps / 2 ranks, rank 0 prints
     assert (tmp_path / "checkpoints-1.index").exists()

@@ -166,9 +166,9 @@ class HorovodBackend(Backend):
             # implied, so reconstruct the received splits ourselves.
             received = hvd.alltoall(tensor, name=name)
             rows = tf.shape(received, out_type=tf.int32)[0] // hvd.size()
-            return received, tf.fill([hvd.size()], rows)
+            return received, _compat.opaque_while_tracing(tf.fill([hvd.size()], rows))
         received, received_splits = hvd.alltoall(tensor, splits=splits, name=name)
-        return received, received_splits
+        return received, _compat.opaque_while_tracing(received_splits)
 
     def broadcast_object(self, obj: Any, root_rank: int) -> Any:
         return hvd.broadcast_object(obj, root_rank=root_rank)

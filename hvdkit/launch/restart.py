@@ -12,12 +12,11 @@ processes), unit-tested in ``tests/unit/test_launch_logic.py``::
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
+from .. import _checkpoint_files as checkpoint_files
 from .. import config
-from ..errors import LaunchError
+from ..errors import DataFormatError, LaunchError
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 8.0
@@ -86,40 +85,20 @@ class RestartBudget:
 def resume_step(directory: str | Path | None) -> int | None:
     """Global step of the newest complete checkpoint in ``directory``, or ``None``.
 
-    Reads only the manifests :class:`hvdkit.Checkpointer` leaves
-    (``<directory>/ckpt-<step>/manifest.json``), without TensorFlow: a folder
-    counts if its manifest parses, holds an integer ``step`` and, where it
-    carries ``manifest_sha256``, passes that self-check. Unfinished writes
-    (``.tmp-*`` folders) and foreign files are skipped. The payload's own
-    checksums are left to ``Checkpointer.restore()``, which skips a corrupt
-    checkpoint with a warning naming it, so in that rare case the script
-    resumes from an older step than this line said.
+    Reads only the manifests :class:`hvdkit.Checkpointer` leaves, by the rules
+    of :mod:`hvdkit._checkpoint_files` (no TensorFlow): the newest
+    ``ckpt-<step>`` folder whose manifest is valid and passes its own
+    checksum. Unfinished writes (``.tmp-*`` folders) and foreign files are
+    skipped. The payload's checksums are left to ``Checkpointer.restore()``,
+    which skips a corrupt checkpoint with a warning naming it, so in that rare
+    case the script resumes from an older step than this line said.
     """
-    if directory is None:
+    if directory is None or not Path(directory).is_dir():
         return None
-    root = Path(directory)
-    if not root.is_dir():
-        return None
-    steps = []
-    for path in root.glob("*/manifest.json"):
-        if path.parent.name.startswith("."):
-            continue
+    found, _torn = checkpoint_files.scan(Path(directory))
+    for _step, folder in found:  # newest first
         try:
-            manifest = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
+            return int(checkpoint_files.read_manifest(folder)["step"])
+        except (DataFormatError, KeyError, TypeError, ValueError):
             continue
-        if not isinstance(manifest, dict) or not _self_check(manifest):
-            continue
-        step = manifest.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            steps.append(step)
-    return max(steps) if steps else None
-
-
-def _self_check(manifest: dict) -> bool:
-    """A manifest's SHA-256 over its other fields (sorted JSON), as the checkpoint writes it."""
-    given = manifest.get("manifest_sha256")
-    if given is None:
-        return True
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return given == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return None

@@ -8,6 +8,7 @@ import hashlib
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from hvdkit import config
@@ -295,10 +296,9 @@ def test_resume_step_is_the_newest_complete_checkpoint(tmp_path):
 
 
 def test_resume_step_reads_the_real_checkpoint_format(tmp_path):
-    """Against hvdkit.Checkpointer's own writer, where it is importable (it needs TensorFlow)."""
-    ckpt = pytest.importorskip("hvdkit.checkpoint")
-    digest = ckpt._manifest_digest({"format": "hvdkit-checkpoint", "step": 7})
-    body = {"format": "hvdkit-checkpoint", "step": 7, "manifest_sha256": digest}
-    (tmp_path / "ckpt-0000000007").mkdir()
-    (tmp_path / "ckpt-0000000007" / "manifest.json").write_text(json.dumps(body))
+    """Against the writer hvdkit.Checkpointer uses (TensorFlow-free)."""
+    from hvdkit import _checkpoint_files
+
+    entry = {"group": "model", "name": "w", "dtype": "float32"}
+    _checkpoint_files.write(tmp_path, 7, [(entry, lambda: np.ones(3, np.float32))], {"epoch": 0})
     assert restart.resume_step(tmp_path) == 7

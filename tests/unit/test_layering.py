@@ -5,7 +5,8 @@ Layers, lowest first: ``errors``/``config``/``_progress`` < ``_compat`` < ``back
 (``optimizer``, ``callbacks``, ``data``, ``ops``, ``sink``, ...). A module may
 import only from lower layers or from its own layer. ``launch`` stands beside
 the stack: it uses ``config``, ``errors``, ``_progress`` (the field names of
-what a rank waits in) and ``_compat`` only, and never
+what a rank waits in), ``_checkpoint_files`` (the checkpoint format, to name
+the resume step) and ``_compat`` only, and never
 TensorFlow or Keras. Only ``backends/horovod.py`` uses Horovod's collectives.
 The package facade ``hvdkit/__init__.py`` may wire anything.
 """
@@ -18,10 +19,11 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
-LAYERS = {"errors": 0, "config": 0, "_progress": 0, "_compat": 1, "backends": 2, "runtime": 3}
+LAYERS = {"errors": 0, "config": 0, "_progress": 0, "_checkpoint_files": 1, "_compat": 1}
+LAYERS |= {"backends": 2, "runtime": 3}
 LAYERS |= {"collectives": 4, "compression": 4}
 TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
-LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "launch"}
+LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "_checkpoint_files", "launch"}
 TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
 
 
