@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _checkpoint_files as files
 from . import _compat, collectives, errors, runtime
+from ._validate import check_int
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
 from .errors import ConfigurationError, HvdkitError
@@ -153,21 +154,26 @@ class Checkpointer:
                 f"Checkpointer: sampler={sampler!r} is not an hvdkit.data.ShardSampler; "
                 "pass the sampler whose dataset is trained on, or None."
             )
-        for name, value, kind in (
-            ("every_steps", every_steps, int),
-            ("every_seconds", every_seconds, (int, float)),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, kind) or value <= 0
-            ):
-                raise ConfigurationError(
-                    f"Checkpointer: {name}={value!r} must be a positive number, or None "
-                    "for no schedule of that kind."
-                )
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigurationError(
-                f"Checkpointer: keep={keep!r} must be an int >= 1 (checkpoints kept on disk)."
+        schedule = "must be a positive number, or None for no schedule of that kind."
+        if every_steps is not None:
+            every_steps = check_int(
+                "every_steps",
+                every_steps,
+                minimum=1,
+                message=f"Checkpointer: every_steps={every_steps!r} {schedule}",
             )
+        if every_seconds is not None and (
+            isinstance(every_seconds, bool)
+            or not isinstance(every_seconds, (int, float))
+            or every_seconds <= 0
+        ):
+            raise ConfigurationError(f"Checkpointer: every_seconds={every_seconds!r} {schedule}")
+        keep = check_int(
+            "keep",
+            keep,
+            minimum=1,
+            message=f"Checkpointer: keep={keep!r} must be an int >= 1 (checkpoints kept on disk).",
+        )
         extra = {} if extra is None else extra
         self._check_extra(extra)
         self.directory = Path(directory)
@@ -407,11 +413,12 @@ class Checkpointer:
                 writable, or it already holds a checkpoint newer than ``step``
                 (call :meth:`restore` first, or use another directory).
         """
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ConfigurationError(
-                f"Checkpointer.save: step={step!r} must be an int >= 0 (training steps done)."
-            )
-        step = int(step)
+        step = check_int(
+            "step",
+            step,
+            minimum=0,
+            message=f"Checkpointer.save: step={step!r} must be an int >= 0 (training steps done).",
+        )
         self.step = step
         self._last_save_time = time.monotonic()
         if self.sampler is not None:

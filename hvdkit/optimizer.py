@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _compat, _progress, collectives, runtime
+from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
 from .errors import ConfigurationError
@@ -347,14 +348,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"{type(optimizer).__qualname__}.{hint}"
             )
         _check_reduction_args(op, compression, "DistributedOptimizer")
-        if (
-            isinstance(backward_passes_per_step, bool)
-            or not isinstance(backward_passes_per_step, int)
-            or backward_passes_per_step < 1
-        ):
-            raise ConfigurationError(
-                f"backward_passes_per_step={backward_passes_per_step!r} must be an int >= 1."
-            )
+        backward_passes_per_step = check_int(
+            "backward_passes_per_step",
+            backward_passes_per_step,
+            minimum=1,
+            message=f"backward_passes_per_step={backward_passes_per_step!r} must be an int >= 1.",
+        )
         _refuse_extra_arguments(kwargs)
         super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
         self.inner_optimizer = optimizer

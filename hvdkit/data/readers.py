@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from .._validate import is_int
 from ..errors import ConfigurationError, DataFormatError, ShardingError
 from .sharding import ShardingWarning, shard
 
@@ -125,7 +126,7 @@ class _Records:
 def _take(num_samples: int | None, available: int, what: str) -> int:
     if num_samples is None:
         return available
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+    if not is_int(num_samples):
         raise ConfigurationError(f"num_samples={num_samples!r} is not an int; pass an int or None.")
     if not 1 <= num_samples <= available:
         raise ConfigurationError(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from .. import runtime
+from .. import _validate, runtime
 from ..errors import ConfigurationError, NotInitializedError, ShardingError
 from . import _pipeline
 
@@ -51,13 +51,9 @@ class ShardingWarning(UserWarning):
 # --------------------------------------------------------------------------- checks
 # check_int, check_shard_args, resolve_shards and shard_length are shared with
 # sampler.py; they are not part of hvdkit.data's public API.
-def check_int(name: str, value: Any, minimum: int, fix: str) -> int:
+def check_int(name: str, value: Any, minimum: int | None, fix: str) -> int:
     """``value`` as an int, or a ShardingError naming it, the minimum and ``fix``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ShardingError(f"{name}={value!r} is not an integer; {fix}")
-    if value < minimum:
-        raise ShardingError(f"{name}={value} must be at least {minimum}; {fix}")
-    return int(value)
+    return _validate.check_int(name, value, minimum=minimum, fix=fix, error=ShardingError)
 
 
 def check_shard_args(num_samples, num_shards, shard_id, mode, seed=0, epoch=0) -> None:
@@ -71,17 +67,13 @@ def check_shard_args(num_samples, num_shards, shard_id, mode, seed=0, epoch=0) -
     check_int(
         "num_shards", num_shards, 1, "pass the number of ranks that read the data (hvdkit.size())."
     )
-    if isinstance(shard_id, bool) or not isinstance(shard_id, numbers.Integral):
-        raise ShardingError(f"shard_id={shard_id!r} is not an integer; pass hvdkit.rank().")
+    check_int("shard_id", shard_id, None, "pass hvdkit.rank().")
     if not 0 <= shard_id < num_shards:
         raise ShardingError(
             f"shard_id={shard_id} is outside [0, num_shards={num_shards}); pass a shard_id "
             f"between 0 and {num_shards - 1} (usually hvdkit.rank())."
         )
-    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
-        raise ShardingError(
-            f"num_samples={num_samples!r} is not an integer; pass the dataset's length."
-        )
+    check_int("num_samples", num_samples, None, "pass the dataset's length.")
     if num_samples < 1:
         raise ShardingError(
             f"num_samples={num_samples}: the dataset is empty, so there is nothing to shard; "

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import numbers
-
-import numpy as np
-
+from .._validate import check_int, is_int
 from ..errors import ConfigurationError
-
-
-def is_int(value) -> bool:
-    """True for Python and numpy integers, False for bools (``True`` is not a count)."""
-    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
 
 
 def positive_int(value, name: str, what: str, meaning: str) -> int:
@@ -23,12 +15,13 @@ def positive_int(value, name: str, what: str, meaning: str) -> int:
         what: the calling function, e.g. ``"slice_patches"``.
         meaning: what the number counts, e.g. ``"patch rows"``.
     """
-    if not is_int(value) or value < 1:
-        raise ConfigurationError(
-            f"{what}: {name}={value!r} must be a positive int (the number of {meaning}); "
-            f"pass an int >= 1."
-        )
-    return int(value)
+    return check_int(
+        name,
+        value,
+        minimum=1,
+        message=f"{what}: {name}={value!r} must be a positive int (the number of {meaning}); "
+        "pass an int >= 1.",
+    )
 
 
 def rank_and_size(rank, size, what: str) -> tuple[int, int]:

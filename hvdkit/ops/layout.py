@@ -28,8 +28,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from .._validate import is_int
 from ..errors import ConfigurationError
-from ._args import is_int, rank_and_size
+from ._args import rank_and_size
 
 __all__ = ["layout_block", "slice_inputs", "slice_inputs_map"]
 

@@ -16,8 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives, runtime
+from .._validate import is_int
 from ..errors import ConfigurationError
-from ._args import is_int, rank_and_size
+from ._args import rank_and_size
 from .patches import _check_index, _grid, _Plan, slice_patches
 
 __all__ = ["patch_columns", "rank_patch", "replicated_shuffle"]

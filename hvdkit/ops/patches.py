@@ -25,8 +25,9 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from .._validate import is_int
 from ..errors import ConfigurationError
-from ._args import is_int, positive_int
+from ._args import positive_int
 
 __all__ = [
     "PatchGrid",

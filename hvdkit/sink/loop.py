@@ -10,7 +10,6 @@ input pipeline is slower than training.
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from .. import _compat, runtime
+from .._validate import check_int, is_int
 from ..errors import ConfigurationError, InputPipelineError
 
 # A sink that spent at least this fraction of its wall time, and at least
@@ -239,14 +239,10 @@ class SinkLoop:
 
 
 def check_sink_size(sink_size: Any, allow_whole: bool, fix: str) -> int:
-    valid = (
-        isinstance(sink_size, numbers.Integral)
-        and not isinstance(sink_size, bool)
-        and (sink_size >= 1 or (allow_whole and sink_size == -1))
-    )
-    if not valid:
-        raise ConfigurationError(f"sink_size={sink_size!r} is not valid; {fix}")
-    return int(sink_size)
+    if allow_whole and is_int(sink_size) and sink_size == -1:
+        return -1  # the whole dataset per epoch
+    message = f"sink_size={sink_size!r} is not valid; {fix}"
+    return check_int("sink_size", sink_size, minimum=1, message=message)
 
 
 def resolve_jit(jit_compile: bool | None, what: str) -> bool:

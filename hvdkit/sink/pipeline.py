@@ -7,13 +7,13 @@ as every other (:func:`agreed_length`).
 
 from __future__ import annotations
 
-import numbers
 import weakref
 from typing import Any
 
 import tensorflow as tf
 
 from .. import collectives, runtime
+from .._validate import check_int
 from ..errors import ConfigurationError, ShardingError
 
 INFINITE = int(tf.data.INFINITE_CARDINALITY)
@@ -61,14 +61,13 @@ def prefetch_to_device(
         '/job:localhost/replica:0/task:0/device:CPU:0'
     """
     check_dataset(dataset, "prefetch_to_device")
-    if buffer_size is not None and (
-        isinstance(buffer_size, bool)
-        or not isinstance(buffer_size, numbers.Integral)
-        or buffer_size < 1
-    ):
-        raise ConfigurationError(
-            f"prefetch_to_device: buffer_size={buffer_size!r} must be a positive int "
-            "(batches to stage), or None to let tf.data choose."
+    if buffer_size is not None:
+        buffer_size = check_int(
+            "buffer_size",
+            buffer_size,
+            minimum=1,
+            message=f"prefetch_to_device: buffer_size={buffer_size!r} must be a positive int "
+            "(batches to stage), or None to let tf.data choose.",
         )
     target = _resolve_device(device)
     if tf.DeviceSpec.from_string(target).device_type == "CPU":
