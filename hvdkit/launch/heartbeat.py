@@ -229,6 +229,10 @@ class HeartbeatMonitor:
         now = time.monotonic()
         with self._lock:
             live = {r: s for r, s in self.ranks.items() if not s.finished}
+            if any(now - s.last_seen > max(timeout / 2, 3 * INTERVAL_S) for s in live.values()):
+                # A silent rank is frozen, not waiting: its last report ages
+                # without it; silent_ranks() names it once the timeout passes.
+                return ""
             waited = {
                 r: float(s.info.get(WAITED_S, 0.0)) + (now - s.last_seen)
                 for r, s in live.items()

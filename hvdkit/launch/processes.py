@@ -142,6 +142,13 @@ def stop(processes: list[psutil.Process], grace_s: float = 5.0) -> list[int]:
     return [p.pid for p in alive]
 
 
+def kill(processes: list[psutil.Process | None]) -> None:
+    """SIGKILL the given processes (ours: started by us or reported as our ranks)."""
+    for p in processes:
+        if p is not None and _running(p):
+            _signal(p, signal.SIGKILL)
+
+
 def stop_group(pgid: int, grace_s: float = 5.0) -> None:
     """Terminate a process group we created (``start_new_session=True``)."""
     for sig in (signal.SIGCONT, signal.SIGTERM):

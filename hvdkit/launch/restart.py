@@ -12,11 +12,12 @@ processes), unit-tested in ``tests/unit/test_launch_logic.py``::
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .. import _checkpoint_files as checkpoint_files
 from .. import config
-from ..errors import DataFormatError, LaunchError
+from ..errors import LaunchError
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 8.0
@@ -85,20 +86,31 @@ class RestartBudget:
 def resume_step(directory: str | Path | None) -> int | None:
     """Global step of the newest complete checkpoint in ``directory``, or ``None``.
 
-    Reads only the manifests :class:`hvdkit.Checkpointer` leaves, by the rules
-    of :mod:`hvdkit._checkpoint_files` (no TensorFlow): the newest
-    ``ckpt-<step>`` folder whose manifest is valid and passes its own
-    checksum. Unfinished writes (``.tmp-*`` folders) and foreign files are
-    skipped. The payload's checksums are left to ``Checkpointer.restore()``,
-    which skips a corrupt checkpoint with a warning naming it, so in that rare
-    case the script resumes from an older step than this line said.
+    Reads only the ``ckpt-<step>/manifest.json`` files that
+    :class:`hvdkit.Checkpointer` leaves (layout and self-checksum from
+    :mod:`hvdkit._checkpoint_files`; no TensorFlow): the newest folder whose
+    manifest parses, holds an integer ``step`` and, where it carries
+    ``manifest_sha256``, passes that self-check. A script that writes its own
+    checkpoints in this layout gets the same line. Unfinished writes
+    (``.tmp-*`` folders) and foreign files are skipped. The payload's
+    checksums are left to ``Checkpointer.restore()``, which skips a corrupt
+    checkpoint with a warning naming it, so in that rare case the script
+    resumes from an older step than this line said.
     """
     if directory is None or not Path(directory).is_dir():
         return None
     found, _torn = checkpoint_files.scan(Path(directory))
     for _step, folder in found:  # newest first
         try:
-            return int(checkpoint_files.read_manifest(folder)["step"])
-        except (DataFormatError, KeyError, TypeError, ValueError):
+            manifest = json.loads((folder / checkpoint_files.MANIFEST).read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
             continue
+        if not isinstance(manifest, dict):
+            continue
+        given = manifest.get("manifest_sha256")
+        if given is not None and given != checkpoint_files.manifest_digest(manifest):
+            continue
+        step = manifest.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
     return None

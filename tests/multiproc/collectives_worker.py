@@ -136,6 +136,16 @@ with c.check("neighbor_exchange"):
         assert res[0].numpy().tolist() == [[5.0, 5.0, 5.0]]
     nf = tf.function(lambda a: hvd.neighbor_exchange(a, send_to=[other], recv_from=[other]))
     assert nf(tf.constant([[float(r)]]))[0].numpy().tolist() == [[float(other)]]
+    # one-way inside tf.function: rank 0's trace never uses the exchange's output
+    # and rank 1's needs a shape from the gathered pattern (both once hung)
+    one_way = tf.function(
+        lambda a: hvd.neighbor_exchange(
+            a, send_to=[1] if r == 0 else [], recv_from=[0] if r == 1 else []
+        )
+    )
+    got = one_way(tf.fill([1, 3], 7.0 + r))
+    assert [g.numpy().tolist() for g in got] == ([] if r == 0 else [[[7.0, 7.0, 7.0]]]), got
+    assert hvd.allreduce(np.array([r + 1.0]), op=hvd.Sum).tolist() == [3.0]  # nothing left over
 
 with c.check("neighbor_exchange_pattern_mismatch"):
     t0 = time.time()

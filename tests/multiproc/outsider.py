@@ -106,10 +106,16 @@ def raw_http(host, port, request: bytes) -> str:
     """The status line the server answers ``request`` with (or what went wrong)."""
     try:
         with socket.create_connection((host, port), timeout=10) as s:
-            s.sendall(request)
-            s.shutdown(socket.SHUT_WR)
+            try:
+                s.sendall(request)
+                s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the server answered and closed before reading all of it
             answer = s.recv(200)
             return answer.split(b"\r\n")[0].decode("latin-1") or "closed"
+    except ConnectionResetError:
+        # closed with our bytes unread: the kernel resets, dropping the answer
+        return "reset by the server"
     except OSError as exc:
         return f"{type(exc).__name__}"
 

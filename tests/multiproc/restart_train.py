@@ -134,6 +134,7 @@ def train_step(xb, yb, ids):
 
 
 per_step = args.batch * size
+loss = None
 while epoch < args.epochs:
     perm = np.random.default_rng(1000 + epoch).permutation(args.samples)
     while cursor + per_step <= args.samples:
@@ -169,7 +170,8 @@ while epoch < args.epochs:
     epoch, cursor = epoch + 1, 0
 
 hvdkit.barrier()
-print(f"rank {r} done at step {step}, final loss {float(loss):.6f}", flush=True)
+final = "none (resumed after the last step)" if loss is None else f"{float(loss):.6f}"
+print(f"rank {r} done at step {step}, final loss {final}", flush=True)
 np.save(
     os.path.join(args.outdir, f"weights.rank{r}.npy"),
     np.concatenate([w.numpy().ravel() for w in model.weights]),

@@ -69,6 +69,18 @@ def test_waits_shorter_than_the_timeout_and_finished_ranks_are_no_stall(monitor)
     assert monitor.stuck_report(20) == ""
 
 
+def test_a_silent_rank_is_frozen_not_stuck(monitor):
+    # a SIGSTOPped rank's last report said "waiting"; its silence, not that
+    # report, is the cause (silent_ranks names it once the timeout passes)
+    beat(monitor, 0, cc=9, w="gradient allreduce (step 7)", ws=25.0)
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 6)", ws=0.5)
+    monitor.ranks[1].last_seen -= 15.0
+    assert monitor.stuck_report(20) == ""
+    assert monitor.silent_ranks(20) == []
+    monitor.ranks[1].last_seen -= 10.0
+    assert [r for r, _ in monitor.silent_ranks(20)] == [1]
+
+
 # ------------------------------------------------------------------ rank-local branches
 @pytest.mark.parametrize("value", ["two", "2.0", "0", "-1"])
 def test_malformed_launcher_size_is_refused(monkeypatch, value):
