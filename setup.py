@@ -42,7 +42,13 @@ setup(
         "psutil>=5.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.4", "ruff==0.17.6"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "hypothesis>=6.100",
+            "scikit-learn>=1.4",
+            "ruff==0.17.6",
+        ],
         "gpu": ["tensorflow[and-cuda]" + TF_SPEC],
     },
     entry_points={"console_scripts": ["hvdkitrun = hvdkit.launch:main"]},

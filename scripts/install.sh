@@ -113,7 +113,7 @@ if ! horovod_ok; then
 fi
 
 # --- 5. hvdkit itself --------------------------------------------------------
-if ! "$PY" -c "import hvdkit, pytest, hypothesis, sklearn, ruff" 2>/dev/null \
+if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff" 2>/dev/null \
    || [[ "$REPO/setup.py" -nt "$VENV/.hvdkit-installed" ]]; then
     log "installing hvdkit (editable) with test extras"
     "${PIP[@]}" --no-build-isolation -e "$REPO[test]"

@@ -14,4 +14,11 @@ echo "[test] pytest"
 if (($#)); then
     exec python -m pytest "$@"
 fi
-exec python -m pytest tests -p no:cacheprovider --durations=40
+# Two pytest workers, one test file each at a time (a file's 2-rank job is
+# shared by its tests): much of the suite waits (stall timeouts, restarts),
+# so two files side by side finish sooner on 2 cores. HVDKIT_TEST_WORKERS=0
+# runs everything in this process.
+workers="${HVDKIT_TEST_WORKERS:-2}"
+dist=()
+if [[ "$workers" != 0 ]]; then dist=(-n "$workers" --dist loadfile); fi
+exec python -m pytest tests -p no:cacheprovider --durations=40 "${dist[@]}"

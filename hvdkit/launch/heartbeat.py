@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from . import auth
 log = logging.getLogger("hvdkit.heartbeat")
 
 INTERVAL_S = 1.0
+STUCK_GRACE_S = 5 * INTERVAL_S  # see stuck_report
 DEFAULT_STALL_TIMEOUT_S = 120.0
 
 
@@ -82,6 +84,36 @@ class Beats:
         return auth.seal(self._key, body)
 
 
+def _bye_if_clean_exit(send: Callable[..., None]) -> Callable[[], None]:
+    """An atexit handler that sends "bye" only if this process is ending cleanly.
+
+    Python tells atexit handlers nothing about the exit status, so the two
+    ways a script fails are watched as they happen: an uncaught exception
+    (``sys.excepthook``) and ``sys.exit`` with a non-zero or non-integer
+    status. (A ``SystemExit`` raised by hand, or a non-zero ``sys.exit`` that
+    the script catches and survives, is not seen.)
+    """
+    failed = []
+    previous_hook, previous_exit = sys.excepthook, sys.exit
+
+    def excepthook(kind, value, traceback):
+        failed.append(kind.__name__)
+        previous_hook(kind, value, traceback)
+
+    def exit_(status=None):
+        if status not in (None, 0):
+            failed.append(f"sys.exit({status!r})")
+        previous_exit(status)
+
+    sys.excepthook, sys.exit = excepthook, exit_
+
+    def bye():
+        if not failed:
+            send(bye=True)
+
+    return bye
+
+
 def start_sender(
     host: str, port: int, token: str, rank: int, status: Callable[[], dict] | None = None
 ) -> threading.Thread:
@@ -92,8 +124,10 @@ def start_sender(
     time; the token itself is never sent. ``status``, if given, returns extra
     fields to include in each beat (a JSON object; keys must not clash).
 
-    At a normal interpreter exit a last "bye" datagram tells the launcher this
-    rank finished, so that silence afterwards is not taken for a stall.
+    At a clean interpreter exit (the script ended, or ``sys.exit(0)``) a last
+    "bye" datagram tells the launcher this rank finished, so that silence
+    afterwards is not taken for a stall. An uncaught exception or
+    ``sys.exit(n)`` with ``n != 0`` sends none: that rank failed.
     """
     from ..errors import LaunchError
 
@@ -117,7 +151,7 @@ def start_sender(
             send()
             time.sleep(INTERVAL_S)
 
-    atexit.register(send, bye=True)
+    atexit.register(_bye_if_clean_exit(send))
     thread = threading.Thread(target=loop, name="hvdkit-heartbeat", daemon=True)
     thread.start()
     return thread
@@ -238,7 +272,9 @@ class HeartbeatMonitor:
                 for r, s in live.items()
                 if s.info.get(WAITING)
             }
-            if not waited or max(waited.values()) <= timeout:
+            # The grace lets a frozen rank (silent, so named by silent_ranks())
+            # be reported as such before the peers waiting on it look stuck.
+            if not waited or max(waited.values()) <= timeout + STUCK_GRACE_S:
                 return ""
             parts = []
             for r, s in sorted(live.items()):

@@ -8,6 +8,7 @@ import pytest
 
 from hvdkit import _progress, config
 from hvdkit.errors import ConfigurationError
+from hvdkit.launch import heartbeat
 from hvdkit.launch.heartbeat import HeartbeatMonitor, RankStatus
 from hvdkit.launch.scheduler import _exit_report
 
@@ -55,10 +56,12 @@ def test_ranks_in_different_collectives_are_named(monitor):
 
 def test_rank_outside_any_collective_is_named(monitor):
     beat(monitor, 0, cc=7)
-    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=21.0)
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=24.0)
+    assert monitor.stuck_report(20) == ""  # within the grace that lets silence win
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=21.0 + heartbeat.STUCK_GRACE_S)
     report = monitor.stuck_report(20)
     assert "rank 0 is in no hvdkit collective (busy in its own code; 7 done)" in report
-    assert "rank 1 waits in gradient allreduce (step 3) for 21 s" in report
+    assert "rank 1 waits in gradient allreduce (step 3) for 26 s" in report
 
 
 def test_waits_shorter_than_the_timeout_and_finished_ranks_are_no_stall(monitor):
@@ -120,3 +123,29 @@ def test_malformed_exit_report_is_a_failure_not_a_dead_listener(msg):
 def test_well_formed_exit_report():
     msg = {"type": "exit", "code": 3, "detail": "exit code 3", "round": 1, "tail": ["a", "b"]}
     assert _exit_report(msg) == (1, 3, "exit code 3", ["a", "b"])
+
+
+# ------------------------------------------------------------------ the goodbye datagram
+@pytest.mark.parametrize(
+    ("how", "bye"),
+    [("clean", True), ("exit0", True), ("exit3", False), ("exit_text", False), ("raised", False)],
+)
+def test_bye_only_at_a_clean_exit(monkeypatch, how, bye):
+    # a rank that fails must not say goodbye: the launcher would take it for
+    # one that finished, and blame the ranks that then lost it
+    import sys
+
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)
+    monkeypatch.setattr(sys, "exit", lambda status=None: None)
+    sent = []
+    at_exit = heartbeat._bye_if_clean_exit(lambda **extra: sent.append(extra))
+    if how == "exit0":
+        sys.exit(0)
+    elif how == "exit3":
+        sys.exit(3)
+    elif how == "exit_text":
+        sys.exit("fatal: no data")
+    elif how == "raised":
+        sys.excepthook(RuntimeError, RuntimeError("x"), None)
+    at_exit()
+    assert sent == ([{"bye": True}] if bye else [])
