@@ -26,7 +26,7 @@ import time
 from .. import config
 from ..errors import LaunchError
 from . import processes, restart
-from .failures import failing_rank, root_cause
+from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
@@ -312,7 +312,8 @@ def _outcome(
         out.launcher_line(
             f"hvdkitrun: rank {named} ({why}) failed because rank {blame.rank} {blame.how}."
         )
-        why = blame.how
+        # the culprit's own status, where horovodrun reported it too
+        why = reported_endings(out.launcher_lines).get(blame.rank, blame.how)
     _report_rank(out, blame.rank, f"failed ({why})")
     return status, f"rank {blame.rank} {why}"
 

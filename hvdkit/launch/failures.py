@@ -79,6 +79,25 @@ def failing_rank(launcher_lines: Sequence[str]) -> tuple[int | None, str]:
     return None, ""
 
 
+def reported_endings(launcher_lines: Sequence[str]) -> dict[int, str]:
+    """Every rank whose ending horovodrun/mpirun reported, first report per rank.
+
+    ``horovodrun --gloo`` prints one line per process that ended non-zero;
+    mpirun names only the first.
+
+    >>> reported_endings(["Process 0 exit with status code 1.",
+    ...                   "Process 1 exit with status code 3."])
+    {0: 'exit code 1', 1: 'exit code 3'}
+    """
+    text = "\n".join(launcher_lines)
+    found: dict[int, str] = {}
+    for pattern, what in _LAUNCHER_REPORTS:
+        for m in pattern.finditer(text):
+            value = int(m.group(2))
+            found.setdefault(int(m.group(1)), f"{what} {value}{_signal_hint(what, value)}")
+    return found
+
+
 def _signal_hint(what: str, value: int) -> str:
     """`` (killed by SIGKILL)`` for a shell-style exit code 128+N or a signal number."""
     number = value - 128 if what == "exit code" and value > 128 else value

@@ -51,12 +51,14 @@ def horovod_stall_env(stall_s: float) -> dict[str, str]:
     """Settings for Horovod's own stall inspector.
 
     It covers a rank that is alive but never reaches a collective the others
-    wait in (heartbeats cannot see that); Horovod names the missing ranks and,
-    with a shutdown time, ends the collective with an error on every rank.
+    wait in, outside hvdkit's own collectives; Horovod names the missing ranks
+    and, with a shutdown time, ends the collective with an error on every
+    rank. The shutdown comes after hvdkit's stuck report (stall timeout +
+    ``STUCK_GRACE_S``), which names what every rank waits in.
     """
     return {
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(max(1, min(60, stall_s / 2)))),
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(stall_s)),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(stall_s + 2 * STUCK_GRACE_S)),
     }
 
 

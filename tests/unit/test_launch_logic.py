@@ -13,7 +13,7 @@ import pytest
 
 from hvdkit import config
 from hvdkit.errors import LaunchError
-from hvdkit.launch import cli, restart
+from hvdkit.launch import cli, failures, restart
 from hvdkit.launch.failures import Blame, describe_exit, failing_rank, lost_a_peer, root_cause
 from hvdkit.launch.scheduler import assign_ranks, layout_for
 
@@ -302,3 +302,19 @@ def test_resume_step_reads_the_real_checkpoint_format(tmp_path):
     entry = {"group": "model", "name": "w", "dtype": "float32"}
     _checkpoint_files.write(tmp_path, 7, [(entry, lambda: np.ones(3, np.float32))], {"epoch": 0})
     assert restart.resume_step(tmp_path) == 7
+
+
+def test_every_reported_ending_is_kept_per_rank():
+    # horovodrun --gloo reports each process that ended non-zero; the culprit is
+    # often not the first one reported (its peers fail first, having lost it)
+    lines = [
+        "Process 0 exit with status code 1.",
+        "Terminating remaining workers after failure of Process 0.",
+        "Process 1 exit with status code 3.",
+        "Process 1 exit with status code 1.",  # a later line for the same rank
+    ]
+    assert failures.reported_endings(lines) == {0: "exit code 1", 1: "exit code 3"}
+    assert failures.reported_endings(["Process 2 exit with status code 137."]) == {
+        2: "exit code 137 (SIGKILL)"
+    }
+    assert failures.reported_endings(["all is well"]) == {}
