@@ -22,6 +22,10 @@ def launcher_env() -> dict:
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join([str(MULTIPROC), str(REPO)])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The suite runs two test files side by side (pytest-xdist), so up to 4
+    # ranks share 2 cores; Open MPI's ranks busy-poll by default and starve
+    # their peers when oversubscribed. Yielding keeps MPI jobs from collapsing.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if os.geteuid() == 0:  # Open MPI refuses root without these
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
