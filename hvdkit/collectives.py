@@ -209,6 +209,13 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
         _progress.leave(waiting)
 
 
+def _compressed(what: str, t: tf.Tensor, name: str | None, compression, call) -> tf.Tensor:
+    """``call(compressed t)`` through :func:`_run`, decompressed (``compression`` may be None)."""
+    c, ctx = compression.compress(t) if compression is not None else (t, None)
+    out = _run(what, name, _describe(c), lambda: call(c))
+    return compression.decompress(out, ctx) if compression is not None else out
+
+
 def _out(tensor: tf.Tensor, as_numpy: bool):
     return np.asarray(tensor.numpy()) if as_numpy else tensor
 
@@ -309,15 +316,13 @@ def allreduce(
             return _reduce_slices([tensor], op, prescale_factor, postscale_factor, "allreduce")[0]
     t, as_numpy = _as_tensor(tensor)
     with _device(device_dense):
-        t, ctx = compression.compress(t) if compression is not None else (t, None)
-        out = _run(
+        out = _compressed(
             "allreduce",
+            t,
             name,
-            _describe(t),
-            lambda: runtime.backend().allreduce(t, op, name, prescale_factor, postscale_factor),
+            compression,
+            lambda c: runtime.backend().allreduce(c, op, name, prescale_factor, postscale_factor),
         )
-        if compression is not None:
-            out = compression.decompress(out, ctx)
     return _out(out, as_numpy)
 
 
@@ -588,15 +593,15 @@ def reducescatter(
     t, as_numpy = _as_tensor(tensor)
     _check_scatterable(t, "reducescatter")
     with _device(device_dense):
-        t, ctx = compression.compress(t) if compression is not None else (t, None)
-        out = _run(
+        out = _compressed(
             "reducescatter",
+            t,
             name,
-            _describe(t),
-            lambda: runtime.backend().reducescatter(t, op, name, prescale_factor, postscale_factor),
+            compression,
+            lambda c: runtime.backend().reducescatter(
+                c, op, name, prescale_factor, postscale_factor
+            ),
         )
-        if compression is not None:
-            out = compression.decompress(out, ctx)
     return _out(out, as_numpy)
 
 

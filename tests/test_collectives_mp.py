@@ -15,6 +15,7 @@ EXPECTED = [
     "allgather_uneven",
     "broadcast",
     "reducescatter",
+    "fp16_compression",
     "alltoall",
     "neighbor_exchange",
     "neighbor_exchange_pattern_mismatch",

@@ -105,6 +105,17 @@ with c.check("reducescatter"):
         [[3.0, 6.0]] if r == 0 else [[9.0, 12.0]]
     )
 
+with c.check("fp16_compression"):
+    # sent as float16, returned as float32 (values exact in float16)
+    a = hvd.allreduce(
+        np.array([1.5, 2.25], np.float32) * (r + 1), op=hvd.Sum, compression=hvd.Compression.fp16
+    )
+    assert a.dtype == np.float32 and a.tolist() == [4.5, 6.75], a
+    b = hvd.reducescatter(
+        np.ones([4, 2], np.float32) * (r + 1), op=hvd.Sum, compression=hvd.Compression.fp16
+    )
+    assert b.dtype == np.float32 and b.tolist() == [[3.0, 3.0]] * 2, b
+
 with c.check("alltoall"):
     if r == 0:
         t, splits = tf.constant([0, 1, 2]), [1, 2]
