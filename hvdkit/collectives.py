@@ -740,6 +740,7 @@ def neighbor_exchange(
         [array([1 - r])]
     """
     n, me = runtime.size(), runtime.rank()
+    eager = tf.executing_eagerly()
     send_to, recv_from = list(send_to), list(recv_from)
     for label, peers in (("send_to", send_to), ("recv_from", recv_from)):
         bad = [p for p in peers if not isinstance(p, (int, np.integer)) or not 0 <= p < n]
@@ -787,7 +788,7 @@ def neighbor_exchange(
     pattern = allgather(tf.stack(rows)[None], name=f"{name or 'neighbor_exchange'}.pattern")
     pattern = tf.reshape(_compat.opaque_while_tracing(pattern), [n, n, 2 + ndim])  # [src, dest, ..]
     sends, expects = pattern[:, :, 0], tf.transpose(pattern[:, :, 1])
-    if tf.executing_eagerly():
+    if eager:
         diff = np.argwhere(sends.numpy() != expects.numpy())
         if len(diff):
             sends_np = sends.numpy()
@@ -819,20 +820,20 @@ def neighbor_exchange(
     payload = tf.concat(flat, 0) if flat else tf.zeros([0], dtype)
     mine = pattern[me]  # [dest, 2 + ndim]
     splits = tf.cast(mine[:, 0] * tf.reduce_prod(mine[:, 2:], axis=1), tf.int32)
-    if not tf.executing_eagerly():
+    if not eager:
         with tf.control_dependencies([pattern_ok]):
             splits = tf.identity(splits)
     # In a graph Horovod matches ops by name, derived from the input's name when
     # none is given; ranks with different patterns build different graphs, so
     # the name must not depend on the pattern.
-    data_name = name if tf.executing_eagerly() else f"{name or 'neighbor_exchange'}.data"
+    data_name = name if eager else f"{name or 'neighbor_exchange'}.data"
     received, rsplits = _run(
         "neighbor_exchange",
         name,
         _describe(payload),
         lambda: runtime.backend().alltoall(payload, splits, data_name),
     )
-    if not tf.executing_eagerly():
+    if not eager:
         # A rank that receives nothing returns nothing from the alltoall, and a
         # tf.function prunes ops its outputs do not need; an assertion is kept.
         tf.debugging.assert_non_negative(rsplits, message="neighbor_exchange.data ran")

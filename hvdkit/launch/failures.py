@@ -66,7 +66,7 @@ def failing_rank(launcher_lines: Sequence[str]) -> tuple[int | None, str]:
     for pattern, what in _LAUNCHER_REPORTS:
         m = pattern.search(text)
         if m:
-            return int(m.group(1)), f"{what} {m.group(2)}{_signal_hint(what, int(m.group(2)))}"
+            return int(m.group(1)), _ending(what, int(m.group(2)))
     m = _MPI_IMPROPER_EXIT.search(text)
     if m:
         return int(m.group(1)), "ended without finishing MPI (e.g. os._exit)"
@@ -93,9 +93,13 @@ def reported_endings(launcher_lines: Sequence[str]) -> dict[int, str]:
     found: dict[int, str] = {}
     for pattern, what in _LAUNCHER_REPORTS:
         for m in pattern.finditer(text):
-            value = int(m.group(2))
-            found.setdefault(int(m.group(1)), f"{what} {value}{_signal_hint(what, value)}")
+            found.setdefault(int(m.group(1)), _ending(what, int(m.group(2))))
     return found
+
+
+def _ending(what: str, value: int) -> str:
+    """``exit code 137 (SIGKILL)``, ``signal 9 (SIGKILL)``: a launcher-reported ending."""
+    return f"{what} {value}{_signal_hint(what, value)}"
 
 
 def _signal_hint(what: str, value: int) -> str:

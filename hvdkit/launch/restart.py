@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import _checkpoint_files as checkpoint_files
 from .. import config
+from .._validate import is_int
 from ..errors import LaunchError
 
 BACKOFF_FIRST_S = 1.0
@@ -111,6 +112,6 @@ def resume_step(directory: str | Path | None) -> int | None:
         if given is not None and given != checkpoint_files.manifest_digest(manifest):
             continue
         step = manifest.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        if is_int(step) and step >= 0:
             return step
     return None
