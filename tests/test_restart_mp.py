@@ -153,7 +153,10 @@ def test_a_spent_budget_ends_non_zero_listing_every_cause(tmp_path):
         "hvdkitrun: gave up after 2 failed attempts (1 restarts): attempt 1: rank 1 "
         in (summary[0])
     )
-    assert "; attempt 2: rank 0 exit code 3" in summary[0], summary[0]
+    # rank 0's own "exit code 3" shows only if it ended before horovodrun
+    # stopped rank 1 (the race of test_max_restarts_0_fails_as_before)
+    second = summary[0].split("; attempt 2: ", 1)[-1]
+    assert second.startswith(("rank 0 exit code 3", "rank 0 went away first")), summary[0]
     assert not (out / "trained.json").exists()
 
 
