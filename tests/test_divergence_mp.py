@@ -1,7 +1,7 @@
 """Ranks alive but in different collectives end with an error naming what each waits in.
 
 Each case runs tests/multiproc/divergence_prog.py under hvdkitrun with a
-20 s stall timeout. Time is checked by ordering, not by the test's clock:
+12 s stall timeout. Time is checked by ordering, not by the test's clock:
 at the divergence every rank starts a watch that prints ``WATCH EXPIRED``
 after stall timeout + 30 s, so a job that ended without that line ended
 within that bound.
@@ -17,7 +17,7 @@ import pytest
 from conftest import MULTIPROC, VENV_BIN, launcher_env, run_bounded
 
 PROG = str(MULTIPROC / "divergence_prog.py")
-STALL_S = 20
+STALL_S = 12
 WATCH_S = STALL_S + 30
 EXIT_STALLED = 124  # hvdkitrun's status for a stalled or stuck job
 
@@ -73,7 +73,9 @@ def test_skipped_step_on_one_rank(tmp_path, transport):
     )
 
 
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+# MPI only: which collective each rank waits in is hvdkit's own record, the
+# same over both transports (extra and skip above check it over both).
+@pytest.mark.parametrize("transport", ["mpi"])
 def test_allgather_against_allreduce(tmp_path, transport):
     code, out = hvdkitrun(tmp_path, transport, "gather_vs_reduce")
     assert_stuck(code, out, "rank 0 waits in allgather 'g'", "rank 1 waits in allreduce 'r'")

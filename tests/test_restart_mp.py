@@ -100,41 +100,40 @@ def restart_lines(output: str) -> list[str]:
 
 # ------------------------------------------------------------------ hvdkitrun
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
-def test_kill_mid_epoch_restarts_and_resumes_exactly(tmp_path, tmp_path_factory, transport):
-    # rank 1 SIGKILLs itself before global step 5 (epoch 0); the last checkpoint is step 4
-    proc, out = hvdkitrun(tmp_path, "killed", transport, "--fault", "0:kill:1:5", restarts=2)
-    assert proc.returncode == 0, proc.output[-4000:]
-    lines = restart_lines(proc.stderr)
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("hvdkitrun: restart 1/2 after rank 1 "), lines[0]
-    assert lines[0].endswith("; resuming from checkpoint step 4."), lines[0]
-    for rank in (0, 1):
-        seen = [(a["attempt"], a["resumed_from"], a["size"]) for a in attempts(out, rank)]
-        assert seen == [(0, 0, 2), (1, 4, 2)], (rank, seen)  # HVDKIT_RESTART_COUNT 0, then 1
-    assert_every_sample_once(out)
-    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
-
-
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
-def test_stall_is_recovered_like_a_death(tmp_path, tmp_path_factory, transport):
+def test_a_kill_a_stall_and_an_early_exit_0_are_each_restarted_and_resumed_exactly(
+    tmp_path, tmp_path_factory, transport
+):
+    # One job, three failures in a row (checkpoints every 2 global steps):
+    #   attempt 0: rank 1 SIGKILLs itself before step 5   -> resume from step 4
+    #   attempt 1: rank 1 SIGSTOPs itself before step 7   -> stalled, resume from 6
+    #   attempt 2: rank 0 os._exit(0)s before step 9       -> no error, yet the job
+    #              is not done: a failure, resume from 8
+    faults = ["0:kill:1:5", "1:stop:1:7", "2:exit0:0:9"]
     proc, out = hvdkitrun(
         tmp_path,
-        "stalled",
+        "faults",
         transport,
-        "--fault",
-        "0:stop:1:7",
-        restarts=2,
+        *[arg for f in faults for arg in ("--fault", f)],
+        restarts=3,
         env_extra={"HVDKIT_STALL_TIMEOUT": "20"},
     )
     assert proc.returncode == 0, proc.output[-4000:]
     lines = restart_lines(proc.stderr)
-    assert len(lines) == 1, lines
-    assert "restart 1/2 after rank 1 stalled (no heartbeat for " in lines[0], lines[0]
-    assert lines[0].endswith("; resuming from checkpoint step 6."), lines[0]
-    stopped = attempts(out, 1)[0]["pid"]
+    assert len(lines) == 3, (lines, proc.stderr[-4000:])
+    kill, stall, exit0 = lines
+    assert kill.startswith("hvdkitrun: restart 1/3 after rank 1 "), kill
+    assert kill.endswith("; resuming from checkpoint step 4."), kill
+    assert stall.startswith("hvdkitrun: restart 2/3 after rank 1 stalled (no heartbeat for "), stall
+    assert stall.endswith("; resuming from checkpoint step 6."), stall
+    assert exit0.startswith("hvdkitrun: restart 3/3 after rank 0 "), exit0
+    assert exit0.endswith("; resuming from checkpoint step 8."), exit0
+    for rank in (0, 1):
+        seen = [(a["attempt"], a["resumed_from"], a["size"]) for a in attempts(out, rank)]
+        # HVDKIT_RESTART_COUNT 0..3, each resuming from the newest checkpoint
+        assert seen == [(0, 0, 2), (1, 4, 2), (2, 6, 2), (3, 8, 2)], (rank, seen)
+    stopped = attempts(out, 1)[1]["pid"]
     alive = psutil.pid_exists(stopped) and psutil.Process(stopped).status() != "zombie"
     assert not alive, "the SIGSTOPped rank was left behind"
-    assert [a["resumed_from"] for a in attempts(out, 0)] == [0, 6]
     assert_every_sample_once(out)
     np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
 
@@ -172,18 +171,6 @@ def test_max_restarts_0_fails_as_before(tmp_path):
     ), blamed
     assert not restart_lines(proc.output) and "gave up" not in proc.output
     assert [a["attempt"] for a in attempts(out, 1)] == [0]
-
-
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
-def test_a_rank_exiting_0_early_is_a_failure_and_restarted(tmp_path, tmp_path_factory, transport):
-    # os._exit(0) in the middle of training: no error, but the job is not done
-    proc, out = hvdkitrun(tmp_path, "exit0", transport, "--fault", "0:exit0:1:5", restarts=1)
-    assert proc.returncode == 0, proc.output[-4000:]
-    lines = restart_lines(proc.stderr)
-    assert len(lines) == 1 and "restart 1/1 after rank 1 " in lines[0], lines
-    assert "hvdkitrun: rank 1 failed (" in proc.stderr
-    assert_every_sample_once(out)
-    np.testing.assert_array_equal(weights(out), baseline(tmp_path_factory, transport))
 
 
 # ------------------------------------------------------------------ scheduler/worker

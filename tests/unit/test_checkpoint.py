@@ -291,6 +291,7 @@ def expected_rest(n, s_new, mode, cursor, order):
     return [padded[k::s_new] for k in range(s_new)]
 
 
+@pytest.mark.filterwarnings("ignore::hvdkit.data.ShardingWarning")  # other job sizes, on purpose
 @pytest.mark.parametrize("mode", ["pad", "drop", "uneven"])
 @pytest.mark.parametrize("n", [1, 7, 10, 24])
 @pytest.mark.parametrize("s_old, s_new", [(2, 1), (3, 2), (2, 3), (1, 4), (4, 4), (3, 5)])
@@ -333,6 +334,7 @@ def test_resume_on_another_number_of_ranks_reads_the_rest_once(n, s_old, s_new, 
                 assert max(total.values()) == 1
 
 
+@pytest.mark.filterwarnings("ignore::hvdkit.data.ShardingWarning")  # other job sizes, on purpose
 def test_resume_on_two_ranks_after_three_by_hand():
     # 10 samples, no shuffle; 3 ranks read 2 each: positions 0..5 are done
     old = ShardSampler(10, 3, 0)
@@ -358,6 +360,7 @@ def test_resume_on_two_ranks_after_three_by_hand():
     assert [s.indices().tolist() for s in two] == [[3, 5, 7, 9], [4, 6, 8, 0]]
 
 
+@pytest.mark.filterwarnings("ignore::hvdkit.data.ShardingWarning")  # other job sizes, on purpose
 def test_old_states_and_inconsistent_cursors():
     s = ShardSampler(10, 2, 0)
     v1 = {
