@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 
 import keras
 import numpy as np
@@ -131,7 +132,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         initial_lr: float,
         warmup_epochs: float = 5,
         momentum_correction: bool = False,
-        steps_per_epoch: int | None = None,
+        steps_per_epoch: float | None = None,
         verbose: int = 0,
     ):
         super().__init__()
@@ -140,15 +141,9 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                 "LearningRateWarmupCallback(momentum_correction=True) is not supported: Keras 3 "
                 "optimizers keep momentum as a fixed Python float. Pass momentum_correction=False."
             )
-        if isinstance(steps_per_epoch, bool):
-            raise ConfigurationError(
-                f"steps_per_epoch={steps_per_epoch!r} is a bool; pass a number of batches "
-                "(or None to take it from fit). Horovod's third argument is momentum_correction."
-            )
         if warmup_epochs <= 0:
             raise ConfigurationError(f"warmup_epochs={warmup_epochs} must be positive.")
-        if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch} must be >= 1 or None.")
+        _check_steps_per_epoch(steps_per_epoch)
         self.initial_lr = float(initial_lr)
         self.warmup_epochs = warmup_epochs
         self.steps_per_epoch = steps_per_epoch
@@ -236,7 +231,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         end_epoch: int | None = None,
         staircase: bool = True,
         momentum_correction: bool = False,
-        steps_per_epoch: int | None = None,
+        steps_per_epoch: float | None = None,
     ):
         super().__init__()
         if initial_lr is None:
@@ -253,8 +248,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             raise ConfigurationError(
                 f"end_epoch={end_epoch} must be greater than start_epoch={start_epoch} (or None)."
             )
-        if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch} must be >= 1 or None.")
+        _check_steps_per_epoch(steps_per_epoch)
         self.initial_lr = float(initial_lr)
         if callable(multiplier):
             self.multiplier = multiplier
@@ -366,3 +360,20 @@ class RankZeroOnly(keras.callbacks.Callback):
 
     def on_test_batch_end(self, batch, logs=None):
         self._forward("on_test_batch_end", batch, logs)
+
+
+def _check_steps_per_epoch(value) -> None:
+    """Refuse a ``steps_per_epoch`` that is not a number >= 1 (``None``: from ``fit``).
+
+    A float is accepted, as Horovod's callbacks accept it (``len(x) / batch``
+    is common in ported scripts); it only sets the fractional epoch.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigurationError(
+            f"steps_per_epoch={value!r} is not a number of batches; pass one (or None to take "
+            "it from fit). Horovod's third argument is momentum_correction."
+        )
+    if value < 1:
+        raise ConfigurationError(f"steps_per_epoch={value} must be >= 1 or None.")

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _compat, _progress, runtime
+from ._validate import is_int
 from .backends import ReduceOp
 from .errors import (
     CollectiveError,
@@ -170,10 +171,11 @@ def _describe(tensor: tf.Tensor) -> str:
 
 def _check_root(root_rank: int, what: str) -> None:
     n = runtime.size()
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < n:
+    if not is_int(root_rank) or not 0 <= root_rank < n:
+        problem = "is outside the job's ranks" if is_int(root_rank) else "is not a rank of the job"
         raise ConfigurationError(
-            f"{what}: root_rank={root_rank!r} is outside the job's ranks [0, {n}); "
-            f"pass a rank between 0 and {n - 1}."
+            f"{what}: root_rank={root_rank!r} {problem} [0, {n}); "
+            f"pass an integer rank between 0 and {n - 1}."
         )
 
 
@@ -743,10 +745,11 @@ def neighbor_exchange(
     eager = tf.executing_eagerly()
     send_to, recv_from = list(send_to), list(recv_from)
     for label, peers in (("send_to", send_to), ("recv_from", recv_from)):
-        bad = [p for p in peers if not isinstance(p, (int, np.integer)) or not 0 <= p < n]
+        bad = [p for p in peers if not is_int(p) or not 0 <= p < n]
         if bad:
             raise ConfigurationError(
-                f"neighbor_exchange: {label}={peers} has ranks {bad} outside [0, {n})."
+                f"neighbor_exchange: {label}={peers} has entries {bad} that are not ranks of "
+                f"the job [0, {n}); pass integer ranks between 0 and {n - 1}."
             )
         if len(set(peers)) != len(peers):
             raise ConfigurationError(

@@ -222,7 +222,11 @@ with c.check("bad_arguments"):
             ),
             (
                 lambda: hvd.neighbor_exchange(np.ones(1), send_to=[5], recv_from=[]),
-                "outside [0, 2)",
+                "entries [5] that are not ranks of the job [0, 2)",
+            ),
+            (
+                lambda: hvd.neighbor_exchange(np.ones(1), send_to=[True], recv_from=[]),
+                "entries [True] that are not ranks",
             ),
         ],
         hvd.ConfigurationError,

@@ -77,6 +77,10 @@ def test_collective_argument_errors(local_runtime):
         hvdkit.ConfigurationError, match=r"root_rank=1 is outside the job's ranks \[0, 1\)"
     ):
         hvdkit.broadcast(np.ones(1), root_rank=1)
+    for slip in (False, 0.0, "0"):  # rank 0 is the only rank, yet these are no rank
+        with pytest.raises(hvdkit.ConfigurationError, match="is not a rank of the job"):
+            hvdkit.broadcast(np.ones(1), root_rank=slip)
+    assert hvdkit.broadcast(np.ones(1), root_rank=np.int64(0)).tolist() == [1.0]
     with pytest.raises(hvdkit.ConfigurationError, match="reducescatter needs a tensor"):
         hvdkit.reducescatter(np.float32(1.0))
     with pytest.raises(hvdkit.ConfigurationError, match="one entry per rank"):
@@ -165,8 +169,19 @@ def test_failed_init_leaves_runtime_uninitialized(monkeypatch):
 def test_warmup_callback_keeps_horovods_argument_positions():
     with pytest.raises(hvdkit.ConfigurationError, match="momentum_correction=True"):
         hvdkit.callbacks.LearningRateWarmupCallback(0.1, 5, True)
-    with pytest.raises(hvdkit.ConfigurationError, match="is a bool"):
-        hvdkit.callbacks.LearningRateWarmupCallback(0.1, 5, steps_per_epoch=True)
+    cbs = hvdkit.callbacks
+    for make in (
+        lambda spe: cbs.LearningRateWarmupCallback(0.1, 5, steps_per_epoch=spe),
+        lambda spe: cbs.LearningRateScheduleCallback(0.1, 0.5, steps_per_epoch=spe),
+    ):
+        for bad in (True, "100", [100]):
+            with pytest.raises(hvdkit.ConfigurationError, match="is not a number of batches"):
+                make(bad)
+        with pytest.raises(hvdkit.ConfigurationError, match=r"steps_per_epoch=0\.5 must be >= 1"):
+            make(0.5)
+        # a float, as Horovod accepts (len(x) / batch in ported scripts)
+        assert make(62.5).steps_per_epoch == 62.5
+        assert make(None).steps_per_epoch is None
 
 
 def test_backward_passes_accumulates_in_one_process(local_runtime):
