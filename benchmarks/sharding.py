@@ -19,7 +19,8 @@ the same time; rounds interleave the variants and each keeps its fastest epoch:
   tfrecord  tf.data ...shard(S, r)         TFRecordDataset(files).shard(S, r)
   tfrecord  tf.data files.shard(S, r)      from_tensor_slices(files).shard(S, r).flat_map(...),
                                            tf.data's own file-level idiom (no equal counts)
-  cifar10   hvdkit.Cifar10Dataset          positioned reads of the rank's records only
+  cifar10   hvdkit.Cifar10Dataset          positioned reads of the rank's records only, in
+                                           stored order (shuffle=False)
   cifar10   hvdkit.Cifar10Dataset shuffle  the same, in a shuffled order
   cifar10   tf.data ...shard(S, r)         FixedLengthRecordDataset(files).shard(S, r)
 
@@ -110,9 +111,12 @@ def variants(root: Path, size: int, rank: int, records: int) -> dict:
             .shard(size, rank)
             .flat_map(tf.data.TFRecordDataset)
         ),
-        ("cifar10", "hvdkit.Cifar10Dataset"): lambda: hdata.Cifar10Dataset(root, num_shards="auto"),
+        # usage="train": the same 5 files as the tf.data variant (not test_batch.bin)
+        ("cifar10", "hvdkit.Cifar10Dataset"): lambda: hdata.Cifar10Dataset(
+            root, "train", num_shards="auto", shuffle=False
+        ),
         ("cifar10", "hvdkit.Cifar10Dataset shuffle"): lambda: hdata.Cifar10Dataset(
-            root, num_shards="auto", shuffle=True
+            root, "train", num_shards="auto", shuffle=True
         ),
         ("cifar10", "tf.data FixedLengthRecordDataset.shard"): lambda: (
             tf.data.FixedLengthRecordDataset(cifar, CIFAR_RECORD)

@@ -164,7 +164,9 @@ def main() -> int:
             print(f"call {call + 1} step {step:4d} loss {float(loss):.4f}", flush=True)
 
     # hvdkit: each rank scores a disjoint part of the test set; counts are summed
-    test_ds = hvdkit.data.MnistDataset(data_dir, "test", num_shards="auto", mode="uneven")
+    test_ds = hvdkit.data.MnistDataset(
+        data_dir, "test", num_shards="auto", shuffle=False, mode="uneven"
+    )  # hvdkit: stored order: each rank reads contiguous records
     test_ds = test_ds.map(preprocess)
     correct = total = 0
     for images, labels in test_ds.batch(256):

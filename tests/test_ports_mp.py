@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from datafiles import CIFAR_TRAIN, write_cifar, write_mnist
+from datafiles import CIFAR_TEST, CIFAR_TRAIN, write_cifar, write_mnist
 
 from conftest import REPO, VENV_BIN, launcher_env, run_bounded
 
@@ -29,10 +29,15 @@ def free_port() -> int:
 
 
 def test_cpu_data_parallel_run_sh_trains_one_job(tmp_path):
-    """The tutorial's run.sh: a scheduler and 2 workers, all `python3 train.py`, backgrounded."""
+    """The tutorial's run.sh: a scheduler and 2 workers, all `python3 train.py`, backgrounded.
+
+    DATA_PATH is the whole cifar-10-batches-bin, as in the tutorial: with no
+    usage, MindSpore (and the port) read the train and the test batches.
+    """
     data = tmp_path / "cifar-10-batches-bin"
     for f, name in enumerate(CIFAR_TRAIN):
         write_cifar(data / name, n=32, first_id=32 * f)  # ids 0..159
+    write_cifar(data / CIFAR_TEST, n=32, first_id=1000)  # ids 1000..1031
     reports = tmp_path / "reports"
     reports.mkdir()
     env = launcher_env()
@@ -54,13 +59,14 @@ def test_cpu_data_parallel_run_sh_trains_one_job(tmp_path):
     assert "epoch:" not in sched and "weight sum" not in sched  # the scheduler never trains
     for name in ("worker_0.txt", "worker_1.txt"):
         epochs = re.findall(r"epoch: (\d+) step: (\d+), loss is ([\d.]+)", logs[name])
-        assert [(int(e), int(s)) for e, s, _ in epochs] == [(e, 2) for e in range(1, 11)], shown
+        # 192 images: 96 per worker, 3 batches of 32
+        assert [(int(e), int(s)) for e, s, _ in epochs] == [(e, 3) for e in range(1, 11)], shown
 
     ranks = [json.loads((reports / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["size"]) for r in ranks] == [(0, 2), (1, 2)]
     ids = [set(r["ids"]) for r in ranks]
-    assert len(ids[0]) == len(ids[1]) == 80 and not ids[0] & ids[1]  # disjoint shards
-    assert ids[0] | ids[1] == set(range(160))  # that cover CIFAR-10 (the test's 160 images)
+    assert len(ids[0]) == len(ids[1]) == 96 and not ids[0] & ids[1]  # disjoint shards
+    assert ids[0] | ids[1] == set(range(160)) | set(range(1000, 1032))  # that cover both splits
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
 
 
@@ -113,8 +119,15 @@ def test_manual_parallel_ranks_identical_and_equal_to_one_process(how, tmp_path,
     one = single_process("manual_parallel")
     assert [r["size"] for r in ranks] == [2, 2] and one["size"] == 1
     np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
-    np.testing.assert_allclose(ranks[0]["weights"], one["weights"], atol=1e-5)
-    np.testing.assert_allclose(ranks[0]["losses"], one["losses"], rtol=1e-5)
+    # The job computes one process's step, but sums in another order (two 16-row means,
+    # averaged over ranks, for one 32-row mean). Over 100 steps on ReLUs those ~1e-8
+    # differences grow in a way that depends on the batches: with the tutorial's order
+    # (reshuffled every epoch) the first epoch agrees to 1e-7, the tenth to ~7e-4 in
+    # the loss and ~1.2e-3 in the weights (measured). A wrong gradient scale or a
+    # missing loss allreduce moves the losses by percents.
+    np.testing.assert_allclose(ranks[0]["losses"][0], one["losses"][0], rtol=1e-5)
+    np.testing.assert_allclose(ranks[0]["losses"], one["losses"], rtol=3e-3)
+    np.testing.assert_allclose(ranks[0]["weights"], one["weights"], atol=5e-3)
     assert len(one["losses"]) == 10 and one["losses"][-1] < 0.7 * one["losses"][0]
     # LossMonitor(20): steps 20, 40, ..., 100, printed by both ranks
     steps = re.findall(r"epoch: \d+ step: (\d+), loss is", out)
@@ -139,11 +152,17 @@ def test_sink_mode_tutorial(tmp_path):
     spec = importlib.util.spec_from_file_location("lenet_sink", REPO / "examples" / "lenet_sink.py")
     lenet_sink = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lenet_sink)
-    data = tmp_path / "mnist"
+    # laid out as the tutorial's download: MNIST_Data/train and MNIST_Data/test
+    data = tmp_path / "MNIST_Data"
     data.mkdir()
     lenet_sink.write_mnist_format(data, train=320, test=32)  # learnable digits-like patterns
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        (data / split).mkdir()
+        for f in data.glob(f"{prefix}-*"):
+            f.rename(data / split / f.name)
     env = launcher_env()
-    env.update(DATA_PATH=str(data), SINK_SIZE="100")  # the tutorial's 1000, cut for time
+    # the tutorial's DATA_PATH: MnistDataset reads the train split, the one there
+    env.update(DATA_PATH=str(data / "train"), SINK_SIZE="100")  # the tutorial's 1000, cut
     cmd = [sys.executable, str(PORTS / "sink_mode" / "train.py")]
     code, out, timed_out = run_bounded(cmd, 900, env=env, cwd=tmp_path)
     assert not timed_out and code == 0, out[-4000:]

@@ -13,6 +13,7 @@ EXPECTED = [
     "mnist_pad_shuffled",
     "mnist_drop_and_next_epoch",
     "mnist_without_shards_reads_everything",
+    "mnist_default_reshuffles_every_pass_in_step",
     "tfrecord_files_pad",
     "tfrecord_fewer_files_than_ranks_warns",
     "explicit_shards_disagreeing_with_the_job_warn",
@@ -52,6 +53,10 @@ def test_sharded_ids_cover_the_data_as_promised(transport, tmp_path_factory):
     assert pad[1][-1] == pad[0][0]
     assert collections.Counter(pad[0] + pad[1]) == collections.Counter([*range(25), pad[0][0]])
     assert pad[0] + pad[1] != sorted(pad[0] + pad[1])  # shuffled
+    passes = res.values(0)["passes"]  # MnistDataset's default: a new order every pass
+    assert passes == res.values(1)["passes"] and len(passes) == 3
+    assert len({tuple(p[0] + p[1]) for p in passes}) == 3
+    assert all(sorted(set(p[0] + p[1])) == list(range(25)) for p in passes)
     files = res.values(0)["files_pad"]
     assert len(files[0]) == len(files[1]) and set(files[0] + files[1]) == set(range(20))
     for r in (0, 1):

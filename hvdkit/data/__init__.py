@@ -8,15 +8,17 @@
   resumable position inside an epoch.
 * :func:`MnistDataset`, :func:`Cifar10Dataset` and their random-access
   :class:`MnistReader`, :class:`Cifar10Reader`: MindSpore-style readers
-  (all records unless asked to shard; ``num_shards="auto"``: this job's shard).
+  with MindSpore's defaults (every split present, shuffled anew on every
+  pass, all records unless asked to shard; ``num_shards="auto"``: this
+  job's shard; ``num_samples`` per shard).
 * :func:`get_dataset_size`: batches in a dataset (MindSpore's ``get_dataset_size()``).
 
 Example, on each of 2 ranks::
 
     import hvdkit as hvd
     hvd.init()
-    ds = hvd.data.MnistDataset(DATA_PATH, num_shards="auto", shuffle=True)  # rank 0: 30,000
-    ds = ds.batch(32)                                              # rank 1: 30,000
+    ds = hvd.data.MnistDataset(DATA_PATH, "train", num_shards="auto")  # rank 0: 30,000
+    ds = ds.batch(32)                                         # rank 1: the other 30,000
 """
 
 from .readers import Cifar10Dataset, Cifar10Reader, MnistDataset, MnistReader

@@ -5,7 +5,8 @@ these turn a source into a ``tf.data.Dataset`` of exactly those elements:
 
 * readers (``__len__``, ``read(indices)``, ``element_spec``) and arrays are
   read in chunks of indices through ``tf.py_function``, so a reader touches
-  only the shard's records;
+  only the shard's records; :func:`gather_passes` draws new indices for
+  every pass over the dataset (a reshuffle per epoch);
 * datasets with random access go through ``tf.data.experimental.at``, so
   their ``map`` functions run only on the shard's elements;
 * other datasets are read in stored order and filtered by position.
@@ -14,8 +15,10 @@ these turn a source into a ``tf.data.Dataset`` of exactly those elements:
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -103,6 +106,11 @@ def gather(source: Any, indices: np.ndarray, chunk_size: int = 256) -> tf.data.D
             deterministic=True,
         )
         return _known_length(out, len(indices))
+    return _read_chunks(source, index_ds.batch(chunk_size), len(indices))
+
+
+def _read_chunks(source: Any, chunks: tf.data.Dataset, length: int) -> tf.data.Dataset:
+    """The elements of a reader or array source at each 1-D int64 chunk of ``chunks``, unbatched."""
     spec = source.element_spec
     flat_spec = tf.nest.flatten(spec)
 
@@ -115,12 +123,37 @@ def gather(source: Any, indices: np.ndarray, chunk_size: int = 256) -> tf.data.D
             tensor.set_shape([None, *s.shape])
         return tf.nest.pack_sequence_as(spec, flat)
 
-    out = (
-        index_ds.batch(chunk_size)
-        .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .unbatch()
+    out = chunks.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+    return _known_length(out, length)
+
+
+def gather_passes(
+    source: Any,
+    indices_of_pass: Callable[[int], np.ndarray],
+    length: int,
+    chunk_size: int = 256,
+) -> tf.data.Dataset:
+    """Elements of a reader or array source; pass ``k`` reads ``indices_of_pass(k)``, in order.
+
+    A pass is one iteration over the returned dataset: each ``iter(ds)``,
+    each Keras epoch, each repetition of ``ds.repeat()``. The passes of one
+    dataset are numbered 0, 1, 2, ... in the order they read their first
+    element; the number comes from a counter the dataset holds, so the same
+    calls in every process give every process the same numbers.
+    ``indices_of_pass(k)`` must return ``length`` indices for every ``k``:
+    the dataset declares that cardinality.
+    """
+    passes = itertools.count()  # next() on a count is atomic: concurrent passes differ
+
+    def chunks():
+        indices = np.asarray(indices_of_pass(next(passes)), np.int64)
+        for start in range(0, len(indices), chunk_size):
+            yield indices[start : start + chunk_size]
+
+    index_chunks = tf.data.Dataset.from_generator(
+        chunks, output_signature=tf.TensorSpec([None], tf.int64)
     )
-    return _known_length(out, len(indices))
+    return _read_chunks(source, index_chunks, length)
 
 
 def select(

@@ -7,11 +7,13 @@ Two layers:
   with a positioned read, so a rank reads about ``1/S`` of the bytes. Use
   them with :class:`~hvdkit.data.ShardSampler` to resume mid-epoch.
 * :func:`MnistDataset` and :func:`Cifar10Dataset` take MindSpore's arguments
-  (``num_shards``, ``shard_id``, ``shuffle``, ``num_samples``) with
-  MindSpore's meaning: without ``num_shards`` every process reads *all* the
-  records; ``num_shards="auto"`` shards them over this job
-  (``hvdkit.size()`` shards, this process reads shard ``hvdkit.rank()``).
-  They return a ``tf.data.Dataset`` of ``(image, label)`` pairs for one epoch.
+  (``usage``, ``num_samples``, ``num_shards``, ``shard_id``, ``shuffle``)
+  with MindSpore's meaning: every split present unless ``usage`` names one;
+  shuffled unless ``shuffle=False``, with a new order on every pass over the
+  dataset; without ``num_shards`` every process reads *all* the records,
+  ``num_shards="auto"`` shards them over this job (``hvdkit.size()`` shards,
+  this process reads shard ``hvdkit.rank()``); ``num_samples`` caps each
+  shard. They return a ``tf.data.Dataset`` of ``(image, label)`` pairs.
 
 Element structure, for both: ``image`` uint8 ``[H, W, C]`` (MNIST
 ``[28, 28, 1]``, CIFAR-10 ``[32, 32, 3]`` in RGB, channels last) and
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import os
 import struct
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,8 @@ import tensorflow as tf
 
 from .._validate import is_int
 from ..errors import ConfigurationError, DataFormatError, ShardingError
-from .sharding import ShardingWarning, shard
+from . import _pipeline
+from .sharding import resolve_shards, shard_indices
 
 __all__ = ["MnistReader", "Cifar10Reader", "MnistDataset", "Cifar10Dataset"]
 
@@ -51,12 +53,39 @@ CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then the R, G and B planes of 32
 CIFAR10_FILE_RECORDS = 10000
 
 
-def _usages(usage: str) -> tuple[str, ...]:
-    if usage not in USAGES:
+SPLITS = ("train", "test")  # the order in which None/'all' reads the splits present
+
+
+def _splits(usage: str | None, files: dict[str, tuple[Path, ...]], what: str) -> tuple[str, ...]:
+    """The splits ``usage`` reads: one named split, or (None/'all') every split present.
+
+    A split is present when any of its ``files`` (or a ``.gz`` of one) exists;
+    its other files are then required, and reading them names any missing one.
+    As in MindSpore, None and 'all' read whatever splits are there; at least
+    one must be.
+    """
+    if usage in SPLITS:
+        return (usage,)
+    if usage is not None and usage != "all":
         raise ConfigurationError(
-            f"usage={usage!r} is not one of {USAGES}; 'all' reads the train split, then test."
+            f"usage={usage!r} is not one of {USAGES} or None; None and 'all' read every "
+            "split present (train, then test)."
         )
-    return ("train", "test") if usage == "all" else (usage,)
+
+    def present(path: Path) -> bool:
+        return path.exists() or path.with_name(path.name + ".gz").exists()
+
+    found = tuple(split for split in SPLITS if any(present(f) for f in files[split]))
+    if not found:
+        root = files[SPLITS[0]][0].parent
+        names = {split: ", ".join(f.name for f in files[split]) for split in SPLITS}
+        looked = "; ".join(f"{split}: {names[split]}" for split in SPLITS)
+        where = f"{root} holds none of them" if root.is_dir() else f"{root} is not a directory"
+        raise DataFormatError(
+            f"usage={usage!r} reads every {what} split present, but {where} (looked for "
+            f"{looked}). Point dataset_dir at the directory with these files, uncompressed."
+        )
+    return found
 
 
 def _file_size(path: Path, what: str) -> int:
@@ -203,14 +232,21 @@ class MnistReader(_ImageLabelReader):
 
     Args:
         dataset_dir: Directory of the IDX files.
-        usage: ``"train"`` (60,000 records), ``"test"`` (10,000) or ``"all"``
-            (train, then test).
-        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+        usage: ``"train"`` (60,000 records), ``"test"`` (10,000), or
+            ``None``/``"all"`` (default): every split whose files are in
+            ``dataset_dir``, train first (70,000 with both). The same meaning
+            as in :func:`MnistDataset`.
+        num_samples: Use only the first ``num_samples`` records of the files
+            (in ``1..len``); ``None`` for all. Unlike ``num_samples`` of
+            :func:`MnistDataset`, which caps each shard after shuffling.
+
+    Attributes:
+        splits: The splits read, in order, e.g. ``("train", "test")``.
 
     Raises:
-        DataFormatError: a file is missing, has the wrong magic number, or
-            its size does not match its header (the message names the file
-            and the expected size).
+        DataFormatError: no split's files are in ``dataset_dir``; a file of a
+            split is missing, has the wrong magic number, or its size does not
+            match its header (the message names the file and the expected size).
         ConfigurationError: bad ``usage`` or ``num_samples``.
 
     Example:
@@ -218,13 +254,17 @@ class MnistReader(_ImageLabelReader):
         >>> images, labels = reader.read([0, 1])
         >>> images.shape, images.dtype, labels.dtype
         ((2, 28, 28, 1), dtype('uint8'), dtype('int32'))
+        >>> len(hvdkit.data.MnistReader("/data/mnist"))       # both splits there
+        70000
     """
 
-    def __init__(self, dataset_dir: str | os.PathLike, usage: str = "train", num_samples=None):
+    def __init__(self, dataset_dir: str | os.PathLike, usage: str | None = None, num_samples=None):
         root = Path(dataset_dir)
+        files = {split: tuple(root / name for name in MNIST_FILES[split]) for split in SPLITS}
+        self.splits = _splits(usage, files, "MNIST")
         image_parts, label_parts, sizes = [], [], set()
-        for split in _usages(usage):
-            image_file, label_file = (root / name for name in MNIST_FILES[split])
+        for split in self.splits:
+            image_file, label_file = files[split]
             n_images, rows, cols = _read_idx_header(image_file, _IDX_IMAGES_MAGIC, 3)
             (n_labels,) = _read_idx_header(label_file, _IDX_LABELS_MAGIC, 1)
             if n_images != n_labels:
@@ -243,7 +283,8 @@ class MnistReader(_ImageLabelReader):
         self.image_shape = (*sizes.pop(), 1)
         self._images = _Records(image_parts, self.image_shape[0] * self.image_shape[1])
         self._labels = _Records(label_parts, 1)
-        self._set_length(num_samples, len(self._images), f"MNIST {usage!r} in {root}")
+        what = f"MNIST {'+'.join(self.splits)} in {root}"
+        self._set_length(num_samples, len(self._images), what)
 
     def _decode(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         images = self._images.read(indices).reshape(-1, *self.image_shape)
@@ -261,13 +302,22 @@ class Cifar10Reader(_ImageLabelReader):
 
     Args:
         dataset_dir: See above.
-        usage: ``"train"`` (50,000 records), ``"test"`` (10,000) or ``"all"``.
-        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+        usage: ``"train"`` (50,000 records), ``"test"`` (10,000), or
+            ``None``/``"all"`` (default): every split whose files are there,
+            train first (60,000 with both). The same meaning as in
+            :func:`Cifar10Dataset`.
+        num_samples: Use only the first ``num_samples`` records of the files
+            (in ``1..len``); ``None`` for all. Unlike ``num_samples`` of
+            :func:`Cifar10Dataset`, which caps each shard after shuffling.
+
+    Attributes:
+        splits: The splits read, in order, e.g. ``("train",)``.
 
     Raises:
-        DataFormatError: a file is missing or not a whole number of records
-            (the message names the file and the expected size); a label
-            byte above 9 is found while reading.
+        DataFormatError: no split's files are there; a file of a split is
+            missing or not a whole number of records (the message names the
+            file and the expected size); a label byte above 9 is found while
+            reading.
         ConfigurationError: bad ``usage`` or ``num_samples``.
 
     Example:
@@ -279,14 +329,15 @@ class Cifar10Reader(_ImageLabelReader):
 
     image_shape = (32, 32, 3)
 
-    def __init__(self, dataset_dir: str | os.PathLike, usage: str = "train", num_samples=None):
+    def __init__(self, dataset_dir: str | os.PathLike, usage: str | None = None, num_samples=None):
         root = Path(dataset_dir)
         if (root / CIFAR10_DIR).is_dir():
             root = root / CIFAR10_DIR
+        files = {split: tuple(root / name for name in CIFAR10_FILES[split]) for split in SPLITS}
+        self.splits = _splits(usage, files, "CIFAR-10")
         parts = []
-        for split in _usages(usage):
-            for name in CIFAR10_FILES[split]:
-                path = root / name
+        for split in self.splits:
+            for path in files[split]:
                 size = _file_size(path, "CIFAR-10")
                 if size == 0 or size % CIFAR10_RECORD:
                     whole = size // CIFAR10_RECORD
@@ -299,7 +350,8 @@ class Cifar10Reader(_ImageLabelReader):
                     )
                 parts.append((path, 0, size // CIFAR10_RECORD))
         self._records = _Records(parts, CIFAR10_RECORD)
-        self._set_length(num_samples, len(self._records), f"CIFAR-10 {usage!r} in {root}")
+        what = f"CIFAR-10 {'+'.join(self.splits)} in {root}"
+        self._set_length(num_samples, len(self._records), what)
 
     def _decode(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         records = self._records.read(indices)
@@ -318,29 +370,46 @@ class Cifar10Reader(_ImageLabelReader):
 # --------------------------------------------------------------------------- datasets
 def MnistDataset(  # named like MindSpore's class, so ported scripts keep the call
     dataset_dir: str | os.PathLike,
-    usage: str = "train",
+    usage: str | None = None,
     num_samples: int | None = None,
     num_shards: int | str | None = None,
     shard_id: int | str | None = None,
-    shuffle: bool = False,
+    shuffle: bool | None = None,
     seed: int = 0,
     mode: str = "pad",
     epoch: int = 0,
 ) -> tf.data.Dataset:
-    """MNIST ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+    """MNIST ``(image, label)`` pairs as a ``tf.data.Dataset``, with MindSpore's defaults.
 
-    As MindSpore's ``MnistDataset``: without ``num_shards`` the dataset is
-    *every* record, in every process (what the manual-parallel and
-    dataset-slicing tutorials need); with ``num_shards=S, shard_id=r`` it is
-    shard ``r`` of ``S``. ``num_shards="auto"`` means this job's shards:
-    ``S = hvdkit.size()``, ``r = hvdkit.rank()``. With 2 ranks and 10 records
-    (no shuffle, pad mode), ``num_shards="auto"`` gives rank 0 records
-    ``0, 2, 4, 6, 8`` and rank 1 records ``1, 3, 5, 7, 9``.
+    As MindSpore's ``MnistDataset``: every split present in ``dataset_dir``
+    (``usage=None``), in a random order that changes on every pass over the
+    dataset (``shuffle=None``), and without ``num_shards`` *every* record in
+    every process (what the manual-parallel and dataset-slicing tutorials
+    need). With ``num_shards=S, shard_id=r`` it is shard ``r`` of ``S``;
+    ``num_shards="auto"`` means this job's shards: ``S = hvdkit.size()``,
+    ``r = hvdkit.rank()``. With 2 ranks and 10 records, ``shuffle=False``
+    and ``num_shards="auto"`` give rank 0 records ``0, 2, 4, 6, 8`` and rank
+    1 records ``1, 3, 5, 7, 9``.
+
+    A pass is one iteration over the dataset (each ``for x in ds``, each
+    Keras epoch, each repetition of ``ds.repeat()``). When shuffled, pass
+    ``k`` reads the order of epoch ``epoch + k``: the permutation
+    ``shard_indices(N, S, r, shuffle=True, seed=seed, epoch=epoch + k)``.
+    Every process draws it from the same ``(seed, epoch + k)``, so in each
+    pass the shards are disjoint and together cover every record (``"pad"``
+    repeats a few; see :func:`~hvdkit.data.shard_indices`). Rebuilding the
+    dataset each epoch with ``epoch=e`` and reading it once gives epoch
+    ``e``'s order as well.
 
     Args:
-        dataset_dir: Directory of the four IDX files (see :class:`MnistReader`).
-        usage: ``"train"``, ``"test"`` or ``"all"``.
-        num_samples: Use only the first ``num_samples`` records; ``None`` for all.
+        dataset_dir: Directory of the IDX files (see :class:`MnistReader`).
+        usage: ``None`` or ``"all"`` (default): every split whose files are
+            there, train then test; ``"train"`` or ``"test"``: that split.
+        num_samples: At most this many records per shard (without
+            ``num_shards``: in all), taken from the start of this pass's
+            order, so with shuffling a different random subset each pass.
+            An int ``>= 1``; more than the shard holds means the whole shard.
+            ``None``: no cap.
         num_shards: ``None`` (read everything), an int ``S >= 1`` (with
             ``shard_id``), or ``"auto"`` (this job: ``hvdkit.size()``; needs
             ``hvdkit.init()``). Explicit values that differ from the job are
@@ -348,70 +417,108 @@ def MnistDataset(  # named like MindSpore's class, so ported scripts keep the ca
             ``num_shards=1, shard_id=0`` (everything, on purpose).
         shard_id: With an int ``num_shards``, in ``[0, S)``; with ``"auto"``,
             leave it ``None`` (or ``"auto"``): it is ``hvdkit.rank()``.
-        shuffle: Reshuffle all records every epoch, in the same way on every rank.
-        seed: Seed of the shuffle; the same on every rank.
+        shuffle: ``None`` or ``True`` (default): a new random order every
+            pass, the same on every process; ``False``: stored order.
+        seed: Seed of the shuffle; the same on every process.
         mode: ``"pad"`` (default), ``"drop"`` or ``"uneven"``; see
             :func:`~hvdkit.data.shard_indices`.
-        epoch: Which epoch's order to produce; pass the loop's epoch to reshuffle.
+        epoch: The order of the first pass (pass ``k`` uses ``epoch + k``).
 
     Returns:
-        Dataset of ``(image uint8 [28, 28, 1], label int32 [])``, of
-        ``ceil(N/S)`` elements in pad mode (``N = num_samples or`` all records;
-        ``S = 1`` without ``num_shards``).
+        Dataset of ``(image uint8 [28, 28, 1], label int32 [])`` with a known
+        length: ``ceil(N/S)`` elements in pad mode, ``floor(N/S)`` in drop
+        mode, ``N`` records over ``S`` shards; at most ``num_samples``
+        (``S = 1`` without ``num_shards``).
 
     Raises:
         ShardingError: only one of ``num_shards``/``shard_id`` given as an
             int, ``shard_id`` outside ``[0, S)``, or ``"auto"`` with an int
             ``shard_id``.
+        ConfigurationError: bad ``usage``, ``shuffle`` or ``num_samples``.
+        DataFormatError: see :class:`MnistReader`.
         NotInitializedError: ``num_shards="auto"`` before ``hvdkit.init()``.
 
     Example:
-        >>> for epoch in range(EPOCHS):
-        ...     ds = hvdkit.data.MnistDataset(DATA_PATH, num_shards="auto", shuffle=True,
-        ...                                   epoch=epoch)   # hvdkit: this rank's share
-        ...     model.fit(ds.map(scale).batch(32), initial_epoch=epoch, epochs=epoch + 1)
+        >>> ds = hvdkit.data.MnistDataset(DATA_PATH, "train",
+        ...                               num_shards="auto")  # hvdkit: this rank's share
+        >>> len(ds)                                           # on each of 2 ranks
+        30000
+        >>> model.fit(ds.map(scale).batch(32), epochs=EPOCHS)  # reshuffled every epoch
     """
-    reader = MnistReader(dataset_dir, usage, num_samples)
-    return _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode)
+    reader = MnistReader(dataset_dir, usage)
+    return _dataset(reader, num_samples, num_shards, shard_id, shuffle, seed, epoch, mode)
 
 
 def Cifar10Dataset(  # named like MindSpore's class, so ported scripts keep the call
     dataset_dir: str | os.PathLike,
-    usage: str = "train",
+    usage: str | None = None,
     num_samples: int | None = None,
     num_shards: int | str | None = None,
     shard_id: int | str | None = None,
-    shuffle: bool = False,
+    shuffle: bool | None = None,
     seed: int = 0,
     mode: str = "pad",
     epoch: int = 0,
 ) -> tf.data.Dataset:
-    """CIFAR-10 ``(image, label)`` pairs for one epoch, as a ``tf.data.Dataset``.
+    """CIFAR-10 ``(image, label)`` pairs as a ``tf.data.Dataset``, with MindSpore's defaults.
 
-    Arguments as :func:`MnistDataset` (everything without ``num_shards``,
-    this job's shard with ``num_shards="auto"``); ``dataset_dir`` as
-    :class:`Cifar10Reader`.
+    Arguments and passes as :func:`MnistDataset`: every split present,
+    shuffled anew on every pass, everything without ``num_shards``, this
+    job's shard with ``num_shards="auto"``, ``num_samples`` per shard;
+    ``dataset_dir`` as :class:`Cifar10Reader`.
 
     Returns:
         Dataset of ``(image uint8 [32, 32, 3] RGB, label int32 [])``.
 
     Example:
         >>> ds = hvdkit.data.Cifar10Dataset(DATA_PATH, num_shards=hvdkit.size(),
-        ...                                 shard_id=hvdkit.rank(), shuffle=True).batch(64)
+        ...                                 shard_id=hvdkit.rank()).batch(64)
+        >>> len(ds)            # 2 ranks, train + test: 30,000 records each
+        469
     """
-    reader = Cifar10Reader(dataset_dir, usage, num_samples)
-    return _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode)
+    reader = Cifar10Reader(dataset_dir, usage)
+    return _dataset(reader, num_samples, num_shards, shard_id, shuffle, seed, epoch, mode)
 
 
-def _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode) -> tf.data.Dataset:
-    """``shard()`` of ``reader`` with MindSpore's meaning of ``num_shards``/``shard_id``."""
+def _check_shuffle(shuffle) -> bool:
+    if shuffle is None:
+        return True  # MindSpore: no sampler and shuffle=None is a global shuffle
+    if isinstance(shuffle, (bool, np.bool_)):
+        return bool(shuffle)
+    raise ConfigurationError(
+        f"shuffle={shuffle!r} is not True, False or None; pass None or True for a new random "
+        "order every pass (MindSpore's default), or False for the stored order."
+    )
+
+
+def _check_cap(num_samples) -> int | None:
+    if num_samples is None:
+        return None
+    if not is_int(num_samples) or num_samples < 1:
+        raise ConfigurationError(
+            f"num_samples={num_samples!r} is not an int >= 1; pass the most records each "
+            "shard may read (all of them if it holds fewer), or None for no cap."
+        )
+    return int(num_samples)
+
+
+def _dataset(
+    reader, num_samples, num_shards, shard_id, shuffle, seed, epoch, mode
+) -> tf.data.Dataset:
+    """``reader``'s shard with MindSpore's meaning of the dataset arguments.
+
+    Unshuffled, the indices are fixed and read as :func:`~hvdkit.data.shard`
+    reads them; shuffled, every pass draws its own (see ``gather_passes``).
+    """
+    shuffle = _check_shuffle(shuffle)
+    cap = _check_cap(num_samples)
     if num_shards == AUTO:
         if shard_id not in (None, AUTO):
             raise ShardingError(
                 f"num_shards='auto' with shard_id={shard_id!r}: 'auto' takes this job's "
                 "size and this process's rank; leave shard_id as None, or pass both as ints."
             )
-        num_shards = shard_id = None  # shard() defaults to hvdkit.size() / hvdkit.rank()
+        num_shards = shard_id = None  # resolve_shards: hvdkit.size() / hvdkit.rank()
     elif shard_id == AUTO:
         raise ShardingError(
             f"shard_id='auto' with num_shards={num_shards!r}: pass num_shards='auto' for "
@@ -419,9 +526,21 @@ def _dataset(reader, num_shards, shard_id, shuffle, seed, epoch, mode) -> tf.dat
         )
     elif num_shards is None and shard_id is None:
         num_shards, shard_id = 1, 0  # MindSpore's default: every record
-    if (num_shards, shard_id) == (1, 0):
-        with warnings.catch_warnings():
-            # One shard on purpose: every process reads all the data.
-            warnings.simplefilter("ignore", ShardingWarning)
-            return shard(reader, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
-    return shard(reader, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=epoch, mode=mode)
+    if is_int(num_shards) and is_int(shard_id) and (num_shards, shard_id) == (1, 0):
+        num_shards, shard_id = 1, 0  # one shard on purpose: no ShardingWarning
+    else:
+        num_shards, shard_id = resolve_shards(num_shards, shard_id)
+    n = len(reader)
+
+    def indices(order_epoch: int) -> np.ndarray:
+        idx = shard_indices(
+            n, num_shards, shard_id, shuffle=shuffle, seed=seed, epoch=order_epoch, mode=mode
+        )
+        return idx if cap is None else idx[:cap]
+
+    first = indices(epoch)  # checks mode, seed and epoch now, not in the first pass
+    if not shuffle:
+        return _pipeline.gather(reader, first)
+    length = len(first)  # the same in every pass: the shard's size depends on N, S, r only
+    epoch = int(epoch)
+    return _pipeline.gather_passes(reader, lambda k: indices(epoch + k), length)

@@ -73,7 +73,7 @@ class ShardSampler:
         mode: ``"pad"`` (default), ``"drop"`` or ``"uneven"``; see :func:`shard_indices`.
 
     Example:
-        >>> reader = hvdkit.data.MnistReader(DATA_PATH)           # random access
+        >>> reader = hvdkit.data.MnistReader(DATA_PATH, "train")  # random access
         >>> sampler = hvdkit.data.ShardSampler(len(reader), shuffle=True, seed=1)
         >>> for epoch in range(sampler.epoch, EPOCHS):
         ...     sampler.set_epoch(epoch)

@@ -28,7 +28,7 @@ def get_dataset_size(dataset: tf.data.Dataset) -> int:
             repeats forever.
 
     Example:
-        >>> ds = hvdkit.data.MnistDataset(DATA_PATH, num_shards="auto").batch(32)
+        >>> ds = hvdkit.data.MnistDataset(DATA_PATH, "train", num_shards="auto").batch(32)
         >>> steps = hvdkit.data.get_dataset_size(ds)   # 938 on each of 2 ranks (60,000 images)
     """
     if not isinstance(dataset, tf.data.Dataset):

@@ -1,7 +1,7 @@
 """hvdkit.data on 2 ranks: MNIST and TFRecord files read through the sharder.
 
 argv: outdir, data directory prepared by tests/test_sharding_mp.py (MNIST
-train files of 25 images, TFRecord files of 4, 3, 5, 2, 6 records, and a
+train files of 25 images and no test files, TFRecord files of 4, 3, 5, 2, 6 records, and a
 single TFRecord file of 7). Every sample carries its id; the ranks allgather
 the ids they read and check coverage, duplicates and batch counts.
 """
@@ -73,18 +73,48 @@ with c.check("mnist_drop_and_next_epoch"):
 with c.check("mnist_without_shards_reads_everything"):
     # MindSpore's meaning: no num_shards -> every rank reads every record, and
     # num_shards=1, shard_id=0 (the same, said explicitly) does not warn.
+    # Shuffled by default, with one seed: the same order on both ranks.
+    perm = np.random.default_rng([0, 0]).permutation(MNIST_N).tolist()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for kwargs in ({}, {"num_shards": 1, "shard_id": 0}):
             ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), **kwargs)
             everyone, batches = gather(mnist_read(ds))
-            assert everyone == [list(range(MNIST_N))] * 2, everyone
+            assert everyone == [perm, perm], everyone
             assert batches == [7, 7]
+            ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), shuffle=False, **kwargs)
+            everyone, batches = gather(mnist_read(ds))
+            assert everyone == [list(range(MNIST_N))] * 2, everyone
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards=1, shard_id=0, usage="train")
         hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards=3, shard_id=r)
     assert [w.category for w in caught] == [hdata.ShardingWarning], caught
+
+with c.check("mnist_default_reshuffles_every_pass_in_step"):
+    # MindSpore's defaults with num_shards: shuffled, and every pass over the one
+    # dataset (here 3 reads) has the next epoch's order, the same on both ranks,
+    # so each pass's shards are disjoint and cover the data (plus the pad repeat).
+    ds = hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards="auto")
+    passes = []
+    for k in range(3):
+        everyone, batches = gather(mnist_read(ds))
+        perm = np.random.default_rng([0, k]).permutation(MNIST_N)
+        assert everyone == [perm[np.arange(q, 26, 2) % MNIST_N].tolist() for q in range(2)]
+        assert batches == [4, 4]
+        assert not set(everyone[0]) & set(everyone[1][:12])  # rank 1's 13th is perm[0]
+        assert set(everyone[0]) | set(everyone[1]) == set(range(MNIST_N))
+        passes.append(everyone)
+    assert passes[0] != passes[1] and passes[1] != passes[2] and passes[0] != passes[2]
+    # num_samples caps each shard: the first 5 of its order, a new subset every pass
+    capped = hdata.MnistDataset(os.path.join(DATA, "mnist"), num_shards="auto", num_samples=5)
+    assert len(capped) == 5
+    for k in range(2):
+        everyone, batches = gather(mnist_read(capped))
+        perm = np.random.default_rng([0, k]).permutation(MNIST_N)
+        assert everyone == [perm[q::2][:5].tolist() for q in range(2)], everyone
+        assert batches == [2, 2] and not set(everyone[0]) & set(everyone[1])
+    c.record("passes", passes)
 
 with c.check("tfrecord_files_pad"):
     for shuffle in (False, True):

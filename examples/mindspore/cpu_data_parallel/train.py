@@ -6,10 +6,15 @@ each process what it is, and ``init()`` takes that role. Here
 ``hvdkit.init()`` does the same: in the scheduler it runs the scheduler and
 exits with the job's status (it never trains); in a worker it registers and
 becomes one rank of the job. Every worker reads its own shard of CIFAR-10
-(``num_shards=get_group_size(), shard_id=get_rank()``), and the gradients
-are averaged (``gradients_mean=True``).
+(``num_shards=get_group_size(), shard_id=get_rank()``), shuffled anew every
+epoch, and the gradients are averaged (``gradients_mean=True``).
 
     bash run.sh /path/to/cifar-10-batches-bin      # MS_WORKER_NUM workers (default 8)
+
+The tutorial passes the whole ``cifar-10-batches-bin`` directory and no
+``usage``, so MindSpore reads every batch file in it, ``test_batch.bin``
+included: 60,000 images. ``hvdkit.data.Cifar10Dataset`` does the same; pass
+``usage="train"`` (in both places below) for the 50,000 training images only.
 
 Lines that differ from the tutorial are marked ``# hvdkit:``. The network
 is a small CNN instead of ResNet-50 at 224 x 224 (set ``RESNET50=1`` for

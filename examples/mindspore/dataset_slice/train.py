@@ -1,8 +1,8 @@
 """Port of MindSpore's dataset-slicing tutorial: each rank reads one vertical strip of every image.
 
 Every rank reads all of MNIST in the same order (``MnistDataset`` without
-``num_shards``, one shuffle seed), cuts every image into a ``1 x 4`` grid
-(``SlicePatches``) and keeps patch ``rank % 4``. MindSpore's
+``num_shards``, shuffled anew every epoch from one seed), cuts every image
+into a ``1 x 4`` grid (``SlicePatches``) and keeps patch ``rank % 4``. MindSpore's
 ``dataset_strategy=((1, 1, 1, 4), (1,))`` then trains the network *as if on
 the whole images*: the first ``Dense`` layer is split by rows over the
 ranks' strips and the partial products are summed across ranks; the rest of
@@ -88,8 +88,8 @@ net = Network()
 def create_dataset(batch_size):
     """create dataset"""
     dataset_path = os.getenv("DATA_PATH")
-    # hvdkit: shuffle=True, seed=1000 is MindSpore's default shuffle with ds.config.set_seed(1000)
-    dataset = hvdkit.data.MnistDataset(dataset_path, shuffle=True, seed=1000)
+    # hvdkit: seed=1000 stands for ds.config.set_seed(1000); shuffled, as MindSpore's default
+    dataset = hvdkit.data.MnistDataset(dataset_path, seed=1000)
 
     def image_transforms(image, label):  # Rescale(1/255), Normalize(0.1307, 0.3081)
         return (tf.cast(image, tf.float32) / 255.0 - 0.1307) / 0.3081, label  # hvdkit: HWC

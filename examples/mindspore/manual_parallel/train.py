@@ -1,7 +1,8 @@
 """Port of MindSpore's manual-parallelism tutorial: the network slices the batch by rank.
 
 Every rank reads the *whole* dataset in the same order (``MnistDataset``
-without ``num_shards``); the network keeps rows ``[rank * s, rank * s + s)``
+without ``num_shards``: shuffled anew every epoch, from one seed on every
+rank, as in MindSpore); the network keeps rows ``[rank * s, rank * s + s)``
 of each global batch of 32 (``s = 32 / size``), the loss keeps the same rows
 of the labels and averages the ranks' losses with an allreduce. Launched
 with ``mpirun`` as in the tutorial:
@@ -62,8 +63,8 @@ net = Network()
 
 def create_dataset():
     dataset_path = os.getenv("DATA_PATH")
-    # hvdkit: shuffle=True is MindSpore's default; one seed, so every rank reads the same order
-    dataset = hvdkit.data.MnistDataset(dataset_path, shuffle=True)
+    # shuffled (MindSpore's default) with one seed: every rank reads the same order
+    dataset = hvdkit.data.MnistDataset(dataset_path)  # hvdkit: was ds.MnistDataset
 
     def image_transforms(image, label):  # Rescale(1/255), Normalize(0.1307, 0.3081)
         image = (tf.cast(image, tf.float32) / 255.0 - 0.1307) / 0.3081

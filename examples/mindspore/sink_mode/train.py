@@ -30,7 +30,7 @@ def create_dataset(data_path, batch_size=32, repeat_size=1, num_parallel_workers
     create dataset for train or test
     """
     # define dataset
-    mnist_ds = hvdkit.data.MnistDataset(data_path)  # hvdkit: every record, as in MindSpore
+    mnist_ds = hvdkit.data.MnistDataset(data_path)  # hvdkit: all records, shuffled (MindSpore's)
 
     resize_height, resize_width = 32, 32
     rescale = 1.0 / 255.0
