@@ -134,18 +134,25 @@ def test_scheduler_worker_launch_names_the_stuck_rank(tmp_path):
         )
 
     sched = start([str(cluster / "run_scheduler.sh")])
-    prog = [sys.executable, PROG, "extra", "--watch", str(WATCH_S)]
+    # rank 0 in a long rank-0-only section: only rank 1's worker sees a rank
+    # waiting; the scheduler asks rank 0's worker what rank 0 is doing
+    prog = [sys.executable, PROG, "rank0_section", "--sleep", "3600", "--watch", str(WATCH_S)]
     workers = [start([str(cluster / "run_workers.sh"), "1", *prog]) for _ in range(2)]
     results = [p.communicate(timeout=600) for p in [sched, *workers]]
     codes = [p.returncode for p in [sched, *workers]]
     sched_out = results[0][0]
     everything = "".join(out for out, _ in results)
     assert all(c != 0 for c in codes), (codes, everything[-3000:])
-    assert "ranks stuck in different collectives" in sched_out, sched_out[-3000:]
-    assert (
-        "rank 1 waits in allreduce 'extra'" in sched_out
-        or "rank 0 waits in gradient allreduce (step 3)" in sched_out
-    ), sched_out[-3000:]
+    assert "rank 1 failed: ranks stuck in different collectives" in sched_out, sched_out[-3000:]
+    assert "rank 1 waits in gradient allreduce (step 3)" in sched_out, sched_out[-3000:]
+    meanwhile = "rank 0 is in no hvdkit collective (busy in its own code; 3 done) meanwhile"
+    assert meanwhile in sched_out, sched_out[-3000:]
+    final = [ln for ln in sched_out.splitlines() if "job failed: rank 1 " in ln]
+    assert len(final) == 1, sched_out[-3000:]
+    assert final[0].endswith(
+        "Meanwhile rank 0 is in no hvdkit collective (busy in its own code; 3 done); "
+        "its last lines:"
+    ), final
     assert "diverging at step 3" in everything
     assert "WATCH EXPIRED" not in everything, everything[-3000:]
 

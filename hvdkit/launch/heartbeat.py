@@ -29,6 +29,7 @@ log = logging.getLogger("hvdkit.heartbeat")
 INTERVAL_S = 1.0
 STUCK_GRACE_S = 5 * INTERVAL_S  # see stuck_report
 DEFAULT_STALL_TIMEOUT_S = 120.0
+STUCK = "ranks stuck in different collectives"  # how stuck_report's report begins
 
 
 def stall_timeout(value: float | None = None) -> float:
@@ -260,8 +261,6 @@ class HeartbeatMonitor:
         different collective, or in none (a long rank-local section): the
         report names what every rank is doing. ``""`` when nothing is stuck.
         """
-        from .._progress import COMPLETED, WAITED_S, WAITING
-
         now = time.monotonic()
         with self._lock:
             live = {r: s for r, s in self.ranks.items() if not s.finished}
@@ -269,29 +268,30 @@ class HeartbeatMonitor:
                 # A silent rank is frozen, not waiting: its last report ages
                 # without it; silent_ranks() names it once the timeout passes.
                 return ""
-            waited = {
-                r: float(s.info.get(WAITED_S, 0.0)) + (now - s.last_seen)
-                for r, s in live.items()
-                if s.info.get(WAITING)
-            }
+            waited = [w for w in (_waited(s, now) for s in live.values()) if w is not None]
             # The grace lets a frozen rank (silent, so named by silent_ranks())
             # be reported as such before the peers waiting on it look stuck.
-            if not waited or max(waited.values()) <= timeout + STUCK_GRACE_S:
+            if not waited or max(waited) <= timeout + STUCK_GRACE_S:
                 return ""
-            parts = []
-            for r, s in sorted(live.items()):
-                if r in waited:
-                    what = f"waits in {str(s.info[WAITING])[:200]} for {waited[r]:.0f} s"
-                else:
-                    done = s.info.get(COMPLETED, "?")
-                    what = f"is in no hvdkit collective (busy in its own code; {done} done)"
-                parts.append(f"rank {r} {what}")
+            parts = [f"rank {r} {_doing(s, now)}" for r, s in sorted(live.items())]
         return (
-            f"ranks stuck in different collectives for more than {timeout:g} s: "
+            f"{STUCK} for more than {timeout:g} s: "
             + "; ".join(parts)
             + ". Every rank must run the same collectives in the same order "
             "(see docs/divergence.md)"
         )
+
+    def doings(self) -> dict[int, str]:
+        """What each live rank is doing now, as in :meth:`stuck_report`.
+
+        Example: ``{0: "is in no hvdkit collective (busy in its own code; 9
+        done)", 1: "waits in allreduce 'x' for 31 s"}``. The scheduler asks
+        every worker for this when one of them reports stuck ranks, since a
+        worker's monitor sees only the ranks on its own machine.
+        """
+        now = time.monotonic()
+        with self._lock:
+            return {r: _doing(s, now) for r, s in sorted(self.ranks.items()) if not s.finished}
 
     def local_pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks that run on this machine."""
@@ -303,3 +303,23 @@ class HeartbeatMonitor:
         self._stop.set()
         self._thread.join(timeout=2)
         self._sock.close()
+
+
+def _waited(status: RankStatus, now: float) -> float | None:
+    """Seconds ``status``'s rank has waited in its collective, or None if it waits in none."""
+    from .._progress import WAITED_S, WAITING
+
+    if not status.info.get(WAITING):
+        return None
+    return float(status.info.get(WAITED_S, 0.0)) + (now - status.last_seen)
+
+
+def _doing(status: RankStatus, now: float) -> str:
+    """``waits in allreduce 'x' (step 3) for 31 s`` or ``is in no hvdkit collective (...)``."""
+    from .._progress import COMPLETED, WAITING
+
+    waited = _waited(status, now)
+    if waited is not None:
+        return f"waits in {str(status.info[WAITING])[:200]} for {waited:.0f} s"
+    done = status.info.get(COMPLETED, "?")
+    return f"is in no hvdkit collective (busy in its own code; {done} done)"

@@ -31,6 +31,7 @@ from .. import config
 from ..errors import LaunchError
 from . import protocol
 from .failures import root_cause
+from .heartbeat import STUCK
 from .protocol import Channel
 from .restart import RestartBudget, resume_step
 
@@ -156,6 +157,9 @@ class Scheduler:
         # (registration, round or None if the connection was lost, code, detail, tail)
         self.events: queue.Queue = queue.Queue()
         self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
+        # round -> rank -> what it was doing, as workers answered a "describe"
+        self._doings: dict[int, dict[int, str]] = {}
+        self._doings_lock = threading.Lock()
         self._closing = threading.Event()
         self._admission: protocol.Admission | None = None  # started by _accept_one
 
@@ -355,6 +359,7 @@ class Scheduler:
         failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         exited_ok: list[int] = []
         grace_until = None
+        asked: list[Registration] = []
         # A worker lost before its listener saw this round's assignment.
         for r in regs:
             if r.gone:
@@ -373,6 +378,10 @@ class Scheduler:
                     exited_ok.append(rank)
                 continue
             failures[rank] = (detail, tail)
+            if detail.startswith(STUCK) and not asked:
+                # A worker sees only its own ranks: ask the others what theirs
+                # are doing, so the report names every rank's collective.
+                asked = [r for r in remaining if r.send(type="describe", round=round_)]
             if grace_until is None:
                 # Other ranks usually fail right after the real culprit;
                 # collect them briefly so the report names the right one.
@@ -385,8 +394,15 @@ class Scheduler:
         detail, tail = failures.get(culprit, (blame.how, []))
         log.error("rank %d failed: %s; stopping the other workers", culprit, detail)
         for other, (said, _) in sorted(failures.items()):
-            if other != culprit and said.startswith("ranks stuck"):  # what each rank waited in
+            if other != culprit and said.startswith(STUCK):  # what each rank waited in
                 log.error("rank %d also: %s", other, said)
+        with self._doings_lock:
+            doings = self._doings.pop(round_, {})
+        meanwhile = [f"rank {o} {d}" for o, d in sorted(doings.items()) if o not in failures]
+        for line in meanwhile:
+            log.error("%s meanwhile", line)
+        if meanwhile:  # the job's final report names every rank too
+            detail = f"{detail}. Meanwhile {'; '.join(meanwhile)}"
         for r in remaining:
             r.send(type="abort", round=round_, reason=f"rank {culprit} failed: {detail}")
         deadline = time.monotonic() + ABORT_WAIT_S
@@ -422,6 +438,22 @@ class Scheduler:
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))
+            elif msg.get("type") == "state":
+                self._record_doings(msg)
+
+    def _record_doings(self, msg: dict) -> None:
+        """Keep a worker's answer to ``describe``: ``{"round": n, "ranks": {"0": "waits in ..."}}``.
+
+        A malformed answer is ignored (it only adds detail to a report).
+        """
+        ranks, round_ = msg.get("ranks"), msg.get("round")
+        if not isinstance(ranks, dict) or not isinstance(round_, int):
+            return
+        with self._doings_lock:
+            mine = self._doings.setdefault(round_, {})
+            for rank, doing in ranks.items():
+                if str(rank).isdigit():
+                    mine[int(rank)] = str(doing)[:300]
 
 
 def _exit_report(msg: dict) -> tuple:

@@ -120,13 +120,15 @@ class _Inbox:
     """Reads the scheduler's messages on a thread for the worker's whole life.
 
     ``abort`` for the round being run goes to that round's stop reasons (as
-    does a lost connection); everything else is queued for :meth:`next`.
+    does a lost connection); ``describe`` is answered at once with what the
+    round's ranks are doing (a ``state`` message, from the heartbeat monitor);
+    everything else is queued for :meth:`next`.
     """
 
     def __init__(self, ch: Channel):
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._round: tuple[int, list[str]] | None = None
+        self._round: tuple[int, list[str], HeartbeatMonitor | None] | None = None
         threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
 
     def _loop(self, ch: Channel) -> None:
@@ -141,16 +143,33 @@ class _Inbox:
                         self._round[1].append("lost the connection to the scheduler")
                     self._queue.put(None)
                     return
+                current = self._round is not None and msg.get("round", 0) == self._round[0]
                 if msg.get("type") == "abort":
-                    if self._round is not None and msg.get("round", 0) == self._round[0]:
+                    if current:
                         self._round[1].append(str(msg.get("reason")))
                     continue  # a late abort of a round that already ended
+                if msg.get("type") == "describe":
+                    if current and self._round[2] is not None:
+                        doings = {str(r): d for r, d in self._round[2].doings().items()}
+                        try:
+                            ch.send(type="state", round=self._round[0], ranks=doings)
+                        except OSError:
+                            pass  # the scheduler is gone; the lost connection ends the round
+                    continue
                 self._queue.put(msg)
 
-    def running(self, round_: int | None, reasons: list[str] | None = None) -> None:
-        """Route aborts of ``round_`` to ``reasons`` (``None``: no program is running)."""
+    def running(
+        self,
+        round_: int | None,
+        reasons: list[str] | None = None,
+        monitor: HeartbeatMonitor | None = None,
+    ) -> None:
+        """Route ``round_``'s aborts to ``reasons`` and its ``describe`` to ``monitor``.
+
+        ``round_=None``: no program is running.
+        """
         with self._lock:
-            self._round = None if round_ is None else (round_, reasons)
+            self._round = None if round_ is None else (round_, reasons, monitor)
 
     def next(self) -> dict | None:
         return self._queue.get()
@@ -218,7 +237,7 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
     env[config.JOB_TOKEN] = token
     reasons: list[str] = []
-    inbox.running(round_, reasons)
+    inbox.running(round_, reasons, monitor)
 
     def on_tick():
         if signals and not reasons:

@@ -103,6 +103,67 @@ def test_well_formed_launcher_size(monkeypatch):
     assert config.launched_size() == 4
 
 
+def test_doings_name_every_live_rank(monitor):
+    beat(monitor, 0, cc=7)
+    beat(monitor, 1, cc=8, w="gradient allreduce (step 3)", ws=30.0)
+    beat(monitor, 2, finished=True, cc=9)
+    assert monitor.doings() == {
+        0: "is in no hvdkit collective (busy in its own code; 7 done)",
+        1: "waits in gradient allreduce (step 3) for 30 s",
+    }
+
+
+def test_a_worker_answers_describe_for_its_running_round_only(monitor):
+    # The scheduler asks every worker what its ranks do when one reports stuck
+    # ranks: a worker's monitor sees only the ranks on its own machine.
+    import socket
+
+    from hvdkit.launch import protocol
+    from hvdkit.launch.worker import _Inbox
+
+    beat(monitor, 0, cc=7)
+    a, b = socket.socketpair()
+    sched, worker = protocol.Channel(a), protocol.Channel(b)
+    inbox = _Inbox(worker)
+    reasons: list[str] = []
+    inbox.running(2, reasons, monitor)
+    sched.send(type="describe", round=1)  # an earlier round: no answer
+    sched.send(type="describe", round=2)
+    answer = sched.recv(deadline=time.monotonic() + 60)
+    assert answer == {
+        "type": "state",
+        "round": 2,
+        "ranks": {"0": "is in no hvdkit collective (busy in its own code; 7 done)"},
+    }
+    inbox.running(None)
+    sched.send(type="describe", round=2)  # the round ended: no answer, nothing queued
+    sched.send(type="done", code=0)
+    assert inbox.next() == {"type": "done", "code": 0}
+    assert reasons == []
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"type": "state", "round": "1", "ranks": {"0": "x"}},
+        {"type": "state", "round": 1, "ranks": ["x"]},
+        {"type": "state", "round": 1, "ranks": {"zero": "x", "-1": "y"}},
+    ],
+)
+def test_a_malformed_state_answer_is_ignored(msg):
+    from hvdkit.launch.scheduler import Scheduler
+
+    sched = Scheduler("127.0.0.1", 0, 1, "token", 10)
+    try:
+        sched._record_doings(msg)
+        sched._record_doings({"type": "state", "round": 1, "ranks": {"1": "waits in x for 3 s"}})
+        assert sched._doings == {1: {1: "waits in x for 3 s"}}
+    finally:
+        sched.sock.close()
+
+
 @pytest.mark.parametrize(
     "msg",
     [
