@@ -131,7 +131,9 @@ def test_same_weights_under_every_launcher(tmp_path):
         "mpirun": ["mpirun", "-np", "2", "--bind-to", "none"]
         + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
         + [PY, TRAIN],
-        "hvdkitrun-gloo": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--log-dir", "logs", PY, TRAIN],
+        # no transport flag: the default rule picks one and says which
+        "hvdkitrun-default": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--log-dir", "logs"]
+        + [PY, TRAIN],
         "hvdkitrun-mpi": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--mpi", PY, TRAIN],
     }
     for name, cmd in launchers.items():
@@ -140,6 +142,15 @@ def test_same_weights_under_every_launcher(tmp_path):
         proc = run([*cmd, str(outdir)], tmp_path)
         assert proc.returncode == 0, (name, proc.output[-3000:])
         results[name] = weights(outdir)
+        announced = r"hvdkitrun: transport (\w+) \(2 processes, (\d+) cores here, "
+        said = re.findall(announced, proc.stderr)
+        if name == "hvdkitrun-default":
+            assert len(said) == 1 and said[0][0] in ("gloo", "mpi"), proc.stderr[-3000:]
+            other = "--gloo" if said[0][0] == "mpi" else "--mpi"
+            assert f"docs/performance.md); {other} to override." in proc.stderr
+            assert int(said[0][1]) == os.cpu_count()
+        else:
+            assert said == [], (name, said)  # a transport given is not announced
     outdir = tmp_path / "scheduler"
     outdir.mkdir()
     codes, outs = scheduler_job(tmp_path, outdir, free_port())

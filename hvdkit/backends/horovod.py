@@ -55,6 +55,11 @@ def _op(op: ReduceOp):
     }[op]
 
 
+def _reduction(op: ReduceOp, prescale_factor: float, postscale_factor: float) -> dict:
+    """Horovod's keyword arguments of a reduction: its op and the two scale factors."""
+    return {"op": _op(op), "prescale_factor": prescale_factor, "postscale_factor": postscale_factor}
+
+
 def _by_dtype(tensors: Sequence[tf.Tensor], fn: Callable[[list], list]) -> list:
     """Apply a grouped Horovod op once per dtype (Horovod fuses one dtype per group)."""
     groups: dict[tf.DType, list[int]] = {}
@@ -109,22 +114,13 @@ class HorovodBackend(Backend):
         hvd.shutdown()
 
     def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
-        return hvd.allreduce(
-            tensor,
-            op=_op(op),
-            name=name,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-        )
+        return hvd.allreduce(tensor, name=name, **_reduction(op, prescale_factor, postscale_factor))
 
     def grouped_allreduce(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
         return _by_dtype(
             tensors,
             lambda group: hvd.grouped_allreduce(
-                group,
-                op=_op(op),
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
+                group, **_reduction(op, prescale_factor, postscale_factor)
             ),
         )
 
@@ -142,21 +138,14 @@ class HorovodBackend(Backend):
 
     def reducescatter(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
         return hvd.reducescatter(
-            tensor,
-            op=_op(op),
-            name=name,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
+            tensor, name=name, **_reduction(op, prescale_factor, postscale_factor)
         )
 
     def grouped_reducescatter(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
         return _by_dtype(
             tensors,
             lambda group: hvd.grouped_reducescatter(
-                group,
-                op=_op(op),
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
+                group, **_reduction(op, prescale_factor, postscale_factor)
             ),
         )
 

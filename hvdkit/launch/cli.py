@@ -151,13 +151,18 @@ def run(argv: list[str] | None = None) -> int:
     if not command:
         raise LaunchError("no program given; e.g. hvdkitrun -np 2 python train.py")
     np_, hosts = plan(args)
-    transport = args.transport or choose_transport(  # the rule: docs/performance.md
-        hosts,
-        cores=os.cpu_count(),
-        load=os.getloadavg()[0],
-        mpi_available=processes.find_tool("mpirun") is not None,
-        is_local=_is_local,
-    )
+    chosen = None
+    if args.transport is None:
+        load = os.getloadavg()[0]
+        chosen = choose_transport(  # the rule: docs/performance.md
+            hosts,
+            cores=os.cpu_count(),
+            load=load,
+            mpi_available=processes.find_tool("mpirun") is not None,
+            is_local=_is_local,
+        )
+        why = f"{np_} processes, {os.cpu_count()} cores here, load {load:.1f}"
+    transport = args.transport or chosen
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
@@ -205,6 +210,11 @@ def run(argv: list[str] | None = None) -> int:
         cmd = [*guarded, *cmd[1:]]
 
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
+    if chosen is not None:
+        other = "--gloo" if chosen == "mpi" else "--mpi"
+        out.launcher_line(
+            f"hvdkitrun: transport {chosen} ({why}; see docs/performance.md); {other} to override."
+        )
     try:
         with processes.stop_signals() as interrupted:
             while True:
