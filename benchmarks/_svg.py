@@ -4,7 +4,7 @@
                        series=[Series("a", "#1f77b4", [1.0, 3.0])])
     Path("docs/x.svg").write_text(document(460, 380, parts, footnote="..."))
 
-Points sit at evenly spaced x positions (one per label); y is linear or
+Points sit at evenly spaced (or log-scaled) x positions, one per label; y is linear or
 logarithmic; a ``None`` value leaves a gap. ``legend`` lays labels out in columns.
 """
 
@@ -44,8 +44,12 @@ def line_chart(
     series: list[Series],
     log_y: bool = True,
     y_range: tuple[float, float] | None = None,
+    x_values: list[float] | None = None,
 ) -> list[str]:
-    """SVG elements of one chart whose outer box starts at (x0, y0)."""
+    """SVG elements of one chart whose outer box starts at (x0, y0).
+
+    With ``x_values`` (all > 0) the labels sit at log-scaled positions, else evenly.
+    """
     ml, mt, mb = 60, 28, 30
     pw, ph = width - ml - 10, height - mt - mb
     values = [v for s in series for v in s.values if v is not None and v > 0]
@@ -57,8 +61,12 @@ def line_chart(
     else:
         lo, hi = 0.0, max(values) * 1.1
     left, top = x0 + ml, y0 + mt
-    step = (pw - 40) / max(1, len(x_labels) - 1)
-    xs = [left + 20 + k * step for k in range(len(x_labels))]
+    if x_values is not None and len(x_values) > 1:
+        a, b = math.log10(min(x_values)), math.log10(max(x_values))
+        xs = [left + 20 + (math.log10(v) - a) / (b - a) * (pw - 40) for v in x_values]
+    else:
+        step = (pw - 40) / max(1, len(x_labels) - 1)
+        xs = [left + 20 + k * step for k in range(len(x_labels))]
 
     def yv(v: float) -> float:
         if log_y:
