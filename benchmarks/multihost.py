@@ -1,7 +1,7 @@
 """Gradient allreduce across simulated hosts (network namespaces), and a ring-allreduce model.
 
-    sudo .venv/bin/python benchmarks/multihost.py                     # full run, ~10 min
-    sudo .venv/bin/python benchmarks/multihost.py --hosts 2 --links 1gbit --sizes 1M --repeats 2
+    sudo .venv/bin/python benchmarks/multihost.py                     # full run, ~6 min
+    sudo .venv/bin/python benchmarks/multihost.py --hosts 2 --links 1gbit --sizes 1M,4M --repeats 2
 
 Needs root, ``ip`` and ``tc`` (iproute2); refuses with exit status 2 otherwise.
 
