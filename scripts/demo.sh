@@ -8,5 +8,5 @@ HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh"
 source "$REPO/scripts/_env.sh"
 transport=()
 if [[ -n "${HVDKIT_DEMO_TRANSPORT:-}" ]]; then transport=("--$HVDKIT_DEMO_TRANSPORT"); fi
-echo "[demo] hvdkitrun -np 2 ${transport[*]} python examples/train_digits.py $*"
+echo "[demo] hvdkitrun -np 2 ${transport[*]:+${transport[*]} }python examples/train_digits.py $*"
 exec hvdkitrun -np 2 "${transport[@]}" python "$REPO/examples/train_digits.py" "$@"
