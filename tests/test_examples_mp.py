@@ -7,7 +7,7 @@ import sys
 from conftest import REPO, VENV_BIN, launcher_env
 
 
-def run_example(script, transport, *args, timeout=400):
+def run_example(script, transport, *args, timeout=900):
     cmd = [
         str(VENV_BIN / "horovodrun"),
         "-np",

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO, VENV_BIN, WorkerRun, launch, launcher_env
 
-RUN = WorkerRun("sink_worker.py", timeout=400)
+RUN = WorkerRun("sink_worker.py", timeout=900)
 
 EXPECTED = [
     "data_sink_equals_plain_distributed_steps",
@@ -40,7 +40,7 @@ def test_sink_losses(transport, tmp_path_factory):
 
 
 def test_input_error_on_one_rank_stops_both_at_the_same_step(transport, tmp_path):
-    res = launch("sink_input_error_worker.py", tmp_path, transport, timeout=400)
+    res = launch("sink_input_error_worker.py", tmp_path, transport, timeout=900)
     assert not res.timed_out, res.output[-3000:]
     assert res.returncode != 0
     assert "InputPipelineError" in res.output and "bad record 7" in res.output
@@ -67,7 +67,7 @@ def test_lenet_mnist_sink_example_loss_falls():
         sys.executable,
         str(REPO / "examples" / "lenet_sink.py"),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launcher_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=launcher_env())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     losses = [float(x) for x in re.findall(r"epoch\s+\d+\s+step\s+\d+\s+loss ([\d.]+)", out)]
