@@ -151,18 +151,21 @@ def run(argv: list[str] | None = None) -> int:
     if not command:
         raise LaunchError("no program given; e.g. hvdkitrun -np 2 python train.py")
     np_, hosts = plan(args)
-    chosen = None
-    if args.transport is None:
+    transport, announce = args.transport, ""
+    if transport is None:
         load = os.getloadavg()[0]
-        chosen = choose_transport(  # the rule: docs/performance.md
+        transport = choose_transport(  # the rule: docs/performance.md
             hosts,
             cores=os.cpu_count(),
             load=load,
             mpi_available=processes.find_tool("mpirun") is not None,
             is_local=_is_local,
         )
-        why = f"{np_} processes, {os.cpu_count()} cores here, load {load:.1f}"
-    transport = args.transport or chosen
+        announce = (
+            f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
+            f"load {load:.1f}; see docs/performance.md); "
+            f"{'--gloo' if transport == 'mpi' else '--mpi'} to override."
+        )
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
@@ -210,11 +213,8 @@ def run(argv: list[str] | None = None) -> int:
         cmd = [*guarded, *cmd[1:]]
 
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
-    if chosen is not None:
-        other = "--gloo" if chosen == "mpi" else "--mpi"
-        out.launcher_line(
-            f"hvdkitrun: transport {chosen} ({why}; see docs/performance.md); {other} to override."
-        )
+    if announce:
+        out.launcher_line(announce)
     try:
         with processes.stop_signals() as interrupted:
             while True:

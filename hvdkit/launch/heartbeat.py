@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._progress import COMPLETED, WAITED_S, WAITING
 from . import auth
 
 log = logging.getLogger("hvdkit.heartbeat")
@@ -307,8 +308,6 @@ class HeartbeatMonitor:
 
 def _waited(status: RankStatus, now: float) -> float | None:
     """Seconds ``status``'s rank has waited in its collective, or None if it waits in none."""
-    from .._progress import WAITED_S, WAITING
-
     if not status.info.get(WAITING):
         return None
     return float(status.info.get(WAITED_S, 0.0)) + (now - status.last_seen)
@@ -316,8 +315,6 @@ def _waited(status: RankStatus, now: float) -> float | None:
 
 def _doing(status: RankStatus, now: float) -> str:
     """``waits in allreduce 'x' (step 3) for 31 s`` or ``is in no hvdkit collective (...)``."""
-    from .._progress import COMPLETED, WAITING
-
     waited = _waited(status, now)
     if waited is not None:
         return f"waits in {str(status.info[WAITING])[:200]} for {waited:.0f} s"

@@ -359,7 +359,7 @@ class Scheduler:
         failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         exited_ok: list[int] = []
         grace_until = None
-        asked: list[Registration] = []
+        described = False  # the other workers were asked what their ranks do
         # A worker lost before its listener saw this round's assignment.
         for r in regs:
             if r.gone:
@@ -378,10 +378,12 @@ class Scheduler:
                     exited_ok.append(rank)
                 continue
             failures[rank] = (detail, tail)
-            if detail.startswith(STUCK) and not asked:
+            if detail.startswith(STUCK) and not described:
                 # A worker sees only its own ranks: ask the others what theirs
                 # are doing, so the report names every rank's collective.
-                asked = [r for r in remaining if r.send(type="describe", round=round_)]
+                for r in remaining:
+                    r.send(type="describe", round=round_)
+                described = True
             if grace_until is None:
                 # Other ranks usually fail right after the real culprit;
                 # collect them briefly so the report names the right one.
