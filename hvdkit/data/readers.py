@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from .._validate import is_int
+from .._validate import check_int, is_int
 from ..errors import ConfigurationError, DataFormatError, ShardingError
 from . import _pipeline
 from .sharding import resolve_shards, shard_indices
@@ -494,12 +494,13 @@ def _check_shuffle(shuffle) -> bool:
 def _check_cap(num_samples) -> int | None:
     if num_samples is None:
         return None
-    if not is_int(num_samples) or num_samples < 1:
-        raise ConfigurationError(
-            f"num_samples={num_samples!r} is not an int >= 1; pass the most records each "
-            "shard may read (all of them if it holds fewer), or None for no cap."
-        )
-    return int(num_samples)
+    return check_int(
+        "num_samples",
+        num_samples,
+        minimum=1,
+        message=f"num_samples={num_samples!r} is not an int >= 1; pass the most records each "
+        "shard may read (all of them if it holds fewer), or None for no cap.",
+    )
 
 
 def _dataset(
