@@ -155,14 +155,18 @@ class _Records:
 def _take(num_samples: int | None, available: int, what: str) -> int:
     if num_samples is None:
         return available
-    if not is_int(num_samples):
-        raise ConfigurationError(f"num_samples={num_samples!r} is not an int; pass an int or None.")
+    num_samples = check_int(
+        "num_samples",
+        num_samples,
+        minimum=None,  # the range, 1..available, is checked below with what holds them
+        message=f"num_samples={num_samples!r} is not an int; pass an int or None.",
+    )
     if not 1 <= num_samples <= available:
         raise ConfigurationError(
             f"num_samples={num_samples} but {what} holds {available} records; pass a number "
             f"from 1 to {available}, or None for all."
         )
-    return int(num_samples)
+    return num_samples
 
 
 class _ImageLabelReader:
