@@ -23,7 +23,8 @@ Every variant is a fresh job; rounds interleave the variants so that machine
 noise (this machine is shared) spreads over all of them, and the median over
 rounds of each variant's per-call time counts (each round's figure is itself
 the best of 3 timed repeats). Prints a table of milliseconds per call and the
-ratios to the floor; writes bench_results/allreduce.json and docs/allreduce_bench.svg.
+ratios to the floor; writes bench_results/allreduce.json and docs/allreduce_bench.svg
+(a run with other --np or --sizes: allreduce_np4.json, allreduce_bench_np4.svg, ...).
 This is a benchmark, not a test: nothing here fails on a slow machine.
 """
 
@@ -40,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from _svg import Series, document, legend, line_chart  # benchmarks/ is the script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 UNITS = {"K": 1000, "M": 1000**2}
@@ -49,6 +52,7 @@ KNOB_NAMES = (
     "HOROVOD_CACHE_CAPACITY",
     "HOROVOD_MPI_THREADS_DISABLE",
 )
+DEFAULT_SIZES = "4K,40K,400K,4M,10M"
 GROUPED_SIZES = ("400K", "10M")
 GROUP_PIECES = 8
 # (name, launcher, environment); launcher is horovodrun's transport, "hvdkitrun" or "mpirun"
@@ -74,6 +78,11 @@ def parse_size(text: str) -> int:
     if text[-1:] in UNITS:
         return int(float(text[:-1]) * UNITS[text[-1]])
     return int(text)
+
+
+def parse_sizes(text: str) -> list[str]:
+    """``--sizes`` as labels: ``"4k, 10M"`` -> ``["4K", "10M"]``."""
+    return [s.strip().upper() for s in text.split(",")]
 
 
 def calls_for(nbytes: int) -> int:
@@ -178,88 +187,70 @@ def launch(name: str, launcher: str, extra: dict, np_: int, sizes: list[str], tm
     return json.loads(out.read_text())
 
 
+def run_suffix(np_: int, sizes: list[str]) -> str:
+    """What names this run's files: ``""`` for the documented run, else how it differs.
+
+    The default run (2 processes, the default sizes) writes
+    ``bench_results/allreduce.json`` and ``docs/allreduce_bench.svg``; any other run
+    writes beside them with a suffix, e.g. ``--np 4`` writes ``allreduce_np4.json`` and
+    ``allreduce_bench_np4.svg``, so it never overwrites the documented picture.
+    """
+    suffix = "" if np_ == 2 else f"_np{np_}"
+    if sizes != parse_sizes(DEFAULT_SIZES):
+        suffix += "_" + "-".join(sizes)
+    return suffix
+
+
 def svg_plot(table: dict, sizes: list[str], np_: int, path: Path) -> None:
-    """Milliseconds per allreduce against size, both axes logarithmic."""
+    """Milliseconds per allreduce against size, y logarithmic; the floor dashed."""
     colors = {
         "floor": "#000000",
         "horovod_gloo": "#1f77b4",
         "horovod_mpi": "#d62728",
         "hvdkit": "#2ca02c",
     }
-    names = [n for n in colors if n in table]
-    values = [table[n][s] for n in names for s in sizes]
-    lo = 10 ** math.floor(math.log10(min(values)))
-    hi = 10 ** math.ceil(math.log10(max(values)))
-    pw, ph, ml, mt = 520, 320, 70, 40
-    width, height = ml + pw + 30, mt + ph + 95
-    xs = {s: ml + 25 + k * (pw - 50) / max(1, len(sizes) - 1) for k, s in enumerate(sizes)}
-
-    def yv(v):
-        return mt + ph - (math.log10(v) - math.log10(lo)) / math.log10(hi / lo) * ph
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>',
-        f'<text x="{ml + pw / 2}" y="{mt - 15}" text-anchor="middle" font-weight="bold">'
-        f"allreduce (float32, Average), {np_} processes, one machine</text>",
-        f'<text x="{ml - 50}" y="{mt + ph / 2}" transform="rotate(-90 {ml - 50} {mt + ph / 2})" '
-        'text-anchor="middle">ms per call (log scale)</text>',
-    ]
-    decade = lo
-    while decade <= hi * 1.0001:
-        y = yv(decade)
-        parts.append(
-            f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-            f'<text x="{ml - 5}" y="{y + 4:.1f}" text-anchor="end">{decade:g}</text>'
-        )
-        decade *= 10
-    for s, x in xs.items():
-        parts.append(f'<text x="{x:.1f}" y="{mt + ph + 15}" text-anchor="middle">{s}B</text>')
-    for n in names:
-        pts = " ".join(f"{xs[s]:.1f},{yv(table[n][s]):.1f}" for s in sizes)
-        dash = ' stroke-dasharray="6,4"' if n == "floor" else ""
-        parts.append(
-            f'<polyline points="{pts}" fill="none" stroke="{colors[n]}" stroke-width="2"{dash}/>'
-        )
-        for s in sizes:
-            parts.append(
-                f'<circle cx="{xs[s]:.1f}" cy="{yv(table[n][s]):.1f}" r="3" fill="{colors[n]}"/>'
-            )
     labels = {
         "floor": "Open MPI floor (mpi4py Allreduce)",
         "horovod_gloo": "Horovod over Gloo",
         "horovod_mpi": "Horovod over MPI",
         "hvdkit": "hvdkit default (hvdkitrun)",
     }
-    for k, n in enumerate(names):
-        lx, ly = ml + (k % 2) * 260, mt + ph + 40 + (k // 2) * 18
-        parts.append(
-            f'<line x1="{lx}" x2="{lx + 25}" y1="{ly}" y2="{ly}" stroke="{colors[n]}" '
-            f'stroke-width="3"/><text x="{lx + 30}" y="{ly + 4}">{labels[n]}</text>'
-        )
-    parts.append(
-        f'<text x="{ml}" y="{height - 8}" fill="#555">median over rounds of best-of-3; '
-        "TF variants inside a tf.function; 2-core shared machine (benchmarks/allreduce.py)</text>"
+    series = [
+        Series(labels[n], colors[n], [table[n][s] for s in sizes], dash=n == "floor")
+        for n in colors
+        if n in table
+    ]
+    parts = line_chart(
+        10,
+        12,
+        590,
+        378,
+        title=f"allreduce (float32, Average), {np_} processes, one machine",
+        x_labels=[f"{s}B" for s in sizes],
+        y_label="ms per call (log scale)",
+        series=series,
     )
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")
+    parts += legend(70, 400, series, 2, 260)
+    foot = (
+        "median over rounds of best-of-3; TF variants inside a tf.function; "
+        "2-core shared machine (benchmarks/allreduce.py)"
+    )
+    path.write_text(document(620, 455, parts, foot))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker")
     p.add_argument("--out")
-    p.add_argument("--sizes", default="4K,40K,400K,4M,10M")
+    p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--np", type=int, default=2, dest="np_")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-knobs", action="store_true", help="only the four base variants")
     p.add_argument("--knobs", help="comma-separated subset of the knob variants, e.g. mpi+cycle0.1")
-    p.add_argument("--json", help="default: bench_results/allreduce.json (np 2), allreduce_np4...")
-    p.add_argument("--plot", help="default: docs/allreduce_bench.svg (np 2), no plot otherwise")
+    p.add_argument("--json", help="default: bench_results/allreduce<suffix>.json (run_suffix)")
+    p.add_argument("--plot", help="default: docs/allreduce_bench<suffix>.svg (run_suffix)")
     args = p.parse_args()
-    sizes = [s.strip().upper() for s in args.sizes.split(",")]
+    sizes = parse_sizes(args.sizes)
     if args.worker:
         worker(args.worker, sizes, args.out)
         return
@@ -305,14 +296,13 @@ def main() -> None:
         "ms_all_rounds": samples,
         "ratio_to_floor": ratios,
     }
-    suffix = "" if args.np_ == 2 else f"_np{args.np_}"
+    suffix = run_suffix(args.np_, sizes)
     out = Path(args.json) if args.json else tmp / f"allreduce{suffix}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {out}")
-    plot = args.plot or (str(REPO / "docs" / "allreduce_bench.svg") if args.np_ == 2 else None)
-    if plot:
-        svg_plot(table, sizes, args.np_, Path(plot))
-        print(f"wrote {plot}")
+    plot = Path(args.plot) if args.plot else REPO / "docs" / f"allreduce_bench{suffix}.svg"
+    svg_plot(table, sizes, args.np_, plot)
+    print(f"wrote {plot}")
 
 
 if __name__ == "__main__":
