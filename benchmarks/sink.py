@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from _svg import Series, legend  # benchmarks/ is the script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BATCH = 32
@@ -233,21 +235,15 @@ def svg_plot(table: dict, sizes: list[int], path: Path) -> None:
                 f'<text x="{x0 - 45}" y="{mt + ph / 2}" transform="rotate(-90 {x0 - 45} '
                 f'{mt + ph / 2})" text-anchor="middle">training steps/s</text>'
             )
-    legend = [("plain", "plain tf.function loop (dashed)")] + [
-        (
-            v,
-            {"data_sink": "hvdkit data_sink", "sink_train": "hvdkit sink.train (Keras)"}.get(
-                v, "Keras fit(steps_per_execution=N)"
-            ),
-        )
-        for v in VARIANTS
-    ]
-    for k, (v, label) in enumerate(legend):
-        lx, ly = ml + k * 260, mt + ph + 50
-        parts.append(
-            f'<line x1="{lx}" x2="{lx + 25}" y1="{ly}" y2="{ly}" stroke="{colors[v]}" '
-            f'stroke-width="3"/><text x="{lx + 30}" y="{ly + 4}">{label}</text>'
-        )
+    labels = {
+        "plain": "plain tf.function loop (dashed)",
+        "data_sink": "hvdkit data_sink",
+        "sink_train": "hvdkit sink.train (Keras)",
+        "keras_spe": "Keras fit(steps_per_execution=N)",
+    }
+    keys = ["plain", *VARIANTS]
+    shown = [Series(labels[v], colors[v], [], dash=v == "plain") for v in keys]
+    parts += legend(ml, mt + ph + 50, shown, len(shown), 260)
     parts.append(
         f'<text x="{ml}" y="{height - 10}" fill="#555">N = sink_size = steps_per_execution; '
         "batch 32 per process; CPU, 2 cores; LeNet: no sink_train (benchmarks/sink.py)</text>"
