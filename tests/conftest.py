@@ -183,8 +183,9 @@ def transport(request):
 def local_runtime(monkeypatch):
     """A size-1 hvdkit runtime, shut down after the test (runtime state is global)."""
     import hvdkit
+    from hvdkit import config
 
-    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HVDKIT_BACKEND"):
+    for var in (*config.LAUNCHER_SIZE_VARS, config.BACKEND):
         monkeypatch.delenv(var, raising=False)
     hvdkit.shutdown()
     hvdkit.init()

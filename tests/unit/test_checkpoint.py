@@ -22,13 +22,9 @@ from hvdkit.data import ShardPositionCallback, ShardSampler, shard_indices
 
 
 @pytest.fixture(autouse=True)
-def size_one(monkeypatch):
-    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HVDKIT_BACKEND"):
-        monkeypatch.delenv(var, raising=False)
-    hvdkit.shutdown()
-    hvdkit.init()
+def size_one(local_runtime):
+    """A size-1 runtime (conftest's local_runtime); forget any write hook a test set."""
     yield
-    hvdkit.shutdown()
     ckmod._write_hook = None
 
 
