@@ -192,18 +192,28 @@ def handshake_and_first(send_first):
     return out["ch"], worker
 
 
-def test_wrong_token_is_refused_on_both_sides():
-    a, b = socket.socketpair()
+def admit_in_thread(sock):
+    """Start the scheduler's admit() on ``sock`` in a thread.
+
+    Returns ``(thread, result)``; ``result["sched"]`` becomes what admit()
+    returned, or the reason of its :class:`protocol.Refused`.
+    """
     result = {}
 
     def sched():
         try:
-            protocol.admit(a, TOKEN, time.monotonic() + 10)
+            result["sched"] = protocol.admit(sock, TOKEN, time.monotonic() + 10)
         except protocol.Refused as exc:
             result["sched"] = str(exc)
 
     t = threading.Thread(target=sched)
     t.start()
+    return t, result
+
+
+def test_wrong_token_is_refused_on_both_sides():
+    a, b = socket.socketpair()
+    t, result = admit_in_thread(a)
     worker = protocol.Channel(Recorder(b))
     protocol.register(worker, WRONG, time.monotonic() + 10, hostname="h", pid=1)
     reply = worker.recv(time.monotonic() + 10)
@@ -216,16 +226,7 @@ def test_wrong_token_is_refused_on_both_sides():
 def test_a_worker_sending_the_token_in_clear_is_refused():
     """The old message format (token inside) is not accepted any more."""
     a, b = socket.socketpair()
-    result = {}
-
-    def sched():
-        try:
-            protocol.admit(a, TOKEN, time.monotonic() + 10)
-        except protocol.Refused as exc:
-            result["sched"] = str(exc)
-
-    t = threading.Thread(target=sched)
-    t.start()
+    t, result = admit_in_thread(a)
     old = protocol.Channel(b)
     assert old.recv(time.monotonic() + 10)["type"] == "challenge"
     old.send(type="register", token=TOKEN, hostname="h", pid=1)
@@ -242,16 +243,7 @@ def test_a_captured_registration_replayed_on_a_new_connection_is_refused():
     assert captured.startswith(b'{"b"')
     # Replay it to a fresh challenge.
     a, b = socket.socketpair()
-    result = {}
-
-    def sched():
-        try:
-            result["sched"] = protocol.admit(a, TOKEN, time.monotonic() + 10)
-        except protocol.Refused as exc:
-            result["sched"] = str(exc)
-
-    t = threading.Thread(target=sched)
-    t.start()
+    t, result = admit_in_thread(a)
     attacker = protocol.Channel(b)
     assert attacker.recv(time.monotonic() + 10)["type"] == "challenge"
     attacker.send_raw(captured)
