@@ -82,12 +82,25 @@ class LaunchResult:
         return self.ranks[rank]["values"]
 
 
-def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, bool]:
-    """Run ``cmd`` in its own session; on timeout stop that session (only our own processes).
+def horovodrun(transport: str, *argv, np_: int = 2) -> list[str]:
+    """``horovodrun -np N --<transport> python argv...`` with this venv's launcher and Python."""
+    return [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        str(np_),
+        f"--{transport}",
+        sys.executable,
+        *map(str, argv),
+    ]
 
-    Returns ``(exit status, stdout + stderr, timed out)``.
+
+def start_in_session(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, stdout and stderr merged into one text pipe.
+
+    Its own session lets a test stop exactly this job (``os.killpg(proc.pid, ...)``)
+    and nothing else on the machine.
     """
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -95,6 +108,14 @@ def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, boo
         start_new_session=True,
         **kwargs,
     )
+
+
+def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, bool]:
+    """Run ``cmd`` in its own session; on timeout stop that session (only our own processes).
+
+    Returns ``(exit status, stdout + stderr, timed out)``.
+    """
+    proc = start_in_session(cmd, **kwargs)
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out, False
@@ -128,16 +149,7 @@ def launch(
     outdir.mkdir(exist_ok=True)
     env = launcher_env()
     env.update(env_extra or {})
-    cmd = [
-        str(VENV_BIN / "horovodrun"),
-        "-np",
-        str(np_),
-        f"--{transport}",
-        sys.executable,
-        str(MULTIPROC / script),
-        str(outdir),
-        *map(str, args),
-    ]
+    cmd = horovodrun(transport, MULTIPROC / script, outdir, *args, np_=np_)
     code, out, timed_out = run_bounded(cmd, timeout, env=env, cwd=tmp_path)
     return LaunchResult(code, out, outdir, np_, timed_out)
 

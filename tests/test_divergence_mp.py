@@ -14,7 +14,14 @@ import sys
 
 import pytest
 
-from conftest import MULTIPROC, VENV_BIN, launcher_env, run_bounded
+from conftest import (
+    MULTIPROC,
+    VENV_BIN,
+    horovodrun,
+    launcher_env,
+    run_bounded,
+    start_in_session,
+)
 
 PROG = str(MULTIPROC / "divergence_prog.py")
 STALL_S = 12
@@ -104,7 +111,6 @@ def test_short_rank0_only_section_completes(tmp_path, transport):
 
 def test_scheduler_worker_launch_names_the_stuck_rank(tmp_path):
     import socket
-    import subprocess
 
     from conftest import REPO
 
@@ -123,15 +129,7 @@ def test_scheduler_worker_launch_names_the_stuck_rank(tmp_path):
     cluster = REPO / "examples" / "cluster"
 
     def start(cmd):
-        return subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
+        return start_in_session(cmd, env=env, cwd=tmp_path)
 
     sched = start([str(cluster / "run_scheduler.sh")])
     # rank 0 in a long rank-0-only section: only rank 1's worker sees a rank
@@ -163,20 +161,10 @@ def test_plain_horovodrun_warns(tmp_path):
     # session only) as soon as the warning has been seen.
     import os
     import signal
-    import subprocess
 
     env = launcher_env()
     env["HVDKIT_STALL_TIMEOUT"] = "10"
-    cmd = [str(VENV_BIN / "horovodrun"), "-np", "2", "--gloo", sys.executable, PROG, "extra"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
+    proc = start_in_session(horovodrun("gloo", PROG, "extra"), env=env, cwd=tmp_path)
     seen = []
     try:
         for line in proc.stdout:

@@ -1,23 +1,12 @@
 """Horovod-style example scripts (only the import changed) under horovodrun -np 2."""
 
 import re
-import sys
 
-from conftest import REPO, VENV_BIN, launcher_env, run_bounded
+from conftest import REPO, horovodrun, launcher_env, run_bounded
 
 
 def run(script, transport, tmp_path, *args):
-    cmd = [
-        str(VENV_BIN / "horovodrun"),
-        "-np",
-        "2",
-        f"--{transport}",
-        sys.executable,
-        str(REPO / "examples" / "horovod" / script),
-        "--outdir",
-        str(tmp_path),
-        *args,
-    ]
+    cmd = horovodrun(transport, REPO / "examples" / "horovod" / script, "--outdir", tmp_path, *args)
     code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
     assert not timed_out, out[-3000:]
     assert code == 0, out[-3000:]

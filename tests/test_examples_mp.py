@@ -2,21 +2,12 @@
 
 import re
 import subprocess
-import sys
 
-from conftest import REPO, VENV_BIN, launcher_env
+from conftest import REPO, horovodrun, launcher_env
 
 
 def run_example(script, transport, *args, timeout=900):
-    cmd = [
-        str(VENV_BIN / "horovodrun"),
-        "-np",
-        "2",
-        f"--{transport}",
-        sys.executable,
-        str(REPO / "examples" / script),
-        *args,
-    ]
+    cmd = horovodrun(transport, REPO / "examples" / script, *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=launcher_env())
 
 

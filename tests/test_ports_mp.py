@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from datafiles import CIFAR_TEST, CIFAR_TRAIN, write_cifar, write_mnist
 
-from conftest import REPO, VENV_BIN, launcher_env, run_bounded
+from conftest import REPO, horovodrun, launcher_env, run_bounded
 
 PORTS = REPO / "examples" / "mindspore"
 
@@ -93,7 +93,7 @@ def run_port(port, how, tmp_path, extra_env=None, timeout=900):
         env["RANK_SIZE"] = "2"
         cmd = ["bash", str(PORTS / port / "run.sh")]
     else:
-        cmd = [str(VENV_BIN / "horovodrun"), "-np", "2", f"--{how}", sys.executable, str(script)]
+        cmd = horovodrun(how, script)
     code, out, timed_out = run_bounded(cmd, timeout, env=env, cwd=tmp_path)
     assert not timed_out and code == 0, out[-4000:]
     n = 1 if how == "1" else 2
@@ -185,10 +185,7 @@ def test_sink_mode_tutorial(tmp_path):
 
 # ------------------------------------------------------------------ OneFlow's DDP toy
 def test_oneflow_ddp_toy_w_converges_to_2_3(transport):
-    cmd = [
-        str(VENV_BIN / "horovodrun"), "-np", "2", f"--{transport}", sys.executable,
-        str(REPO / "examples" / "oneflow_ddp_toy.py"),
-    ]  # fmt: skip
+    cmd = horovodrun(transport, REPO / "examples" / "oneflow_ddp_toy.py")
     code, out, timed_out = run_bounded(cmd, 600, env=launcher_env())
     assert not timed_out and code == 0, out[-3000:]
     # horovodrun prefixes lines "[0]<stdout>:" (Gloo) or "[1,0]<stdout>:" (MPI)

@@ -2,11 +2,10 @@
 
 import re
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, VENV_BIN, WorkerRun, launch, launcher_env
+from conftest import REPO, WorkerRun, horovodrun, launch, launcher_env
 
 RUN = WorkerRun("sink_worker.py", timeout=900)
 
@@ -59,14 +58,7 @@ def test_input_error_on_one_rank_stops_both_at_the_same_step(transport, tmp_path
 
 
 def test_lenet_mnist_sink_example_loss_falls():
-    cmd = [
-        str(VENV_BIN / "horovodrun"),
-        "-np",
-        "2",
-        "--gloo",
-        sys.executable,
-        str(REPO / "examples" / "lenet_sink.py"),
-    ]
+    cmd = horovodrun("gloo", REPO / "examples" / "lenet_sink.py")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=launcher_env())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
