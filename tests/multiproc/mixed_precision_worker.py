@@ -100,34 +100,29 @@ def skipped(iterations):
     return [i for i, (a, b) in enumerate(zip(before, iterations, strict=True)) if a == b]
 
 
+def fit_traced(make_opt, x, y, batch_size, check_ranks):
+    """A fresh model compiled with ``make_opt()``, fit EPOCHS epochs in order: (model, Trace)."""
+    model = make_model()
+    model.compile(optimizer=make_opt(), loss=LOSS)
+    trace = Trace(check_ranks=check_ranks)
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[trace],
+    )
+    return model, trace
+
+
 def fit_pair(make_opt_dist, make_opt_ref, policy="mixed_float16", x=X_BAD):
     """(2-rank model, its trace, 1-process reference model, its trace)."""
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model = make_model()
-        model.compile(optimizer=make_opt_dist(), loss=LOSS)
-        trace = Trace(check_ranks=True)
-        model.fit(
-            x[MINE],
-            Y[MINE],
-            batch_size=HALF,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[trace],
-        )
-        ref = make_model()
-        ref.compile(optimizer=make_opt_ref(), loss=LOSS)
-        ref_trace = Trace(check_ranks=False)
-        ref.fit(
-            x,
-            Y,
-            batch_size=GLOBAL_BATCH,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[ref_trace],
-        )
+        model, trace = fit_traced(make_opt_dist, x[MINE], Y[MINE], HALF, check_ranks=True)
+        ref, ref_trace = fit_traced(make_opt_ref, x, Y, GLOBAL_BATCH, check_ranks=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     return model, trace, ref, ref_trace
@@ -252,18 +247,9 @@ with c.check("fit_lso_with_backward_passes_per_step_2"):
     lso = keras.optimizers.LossScaleOptimizer
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = make_model()
         dist = hvd.DistributedOptimizer(SGD(), backward_passes_per_step=2)
-        model.compile(optimizer=lso(dist, dynamic_growth_steps=2), loss=LOSS)
-        trace = Trace(check_ranks=True)
-        model.fit(
-            X_BAD[MINE],
-            Y[MINE],
-            batch_size=HALF,
-            epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
-            callbacks=[trace],
+        model, trace = fit_traced(
+            lambda: lso(dist, dynamic_growth_steps=2), X_BAD[MINE], Y[MINE], HALF, check_ranks=True
         )
     finally:
         keras.mixed_precision.set_global_policy("float32")
