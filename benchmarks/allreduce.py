@@ -41,7 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from _svg import Series, document, legend, line_chart  # benchmarks/ is the script's folder
+from _common import job_env  # benchmarks/ is the script's folder
+from _svg import Series, document, legend, line_chart
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -171,9 +172,7 @@ def worker(kind: str, sizes: list[str], out: str) -> None:
 def launch(name: str, launcher: str, extra: dict, np_: int, sizes: list[str], tmp: Path) -> dict:
     out = tmp / f"allreduce-{name}.json"
     out.unlink(missing_ok=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), **extra)
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = job_env(**extra)
     kind = {"mpirun": "floor", "hvdkitrun": "hvdkit"}.get(launcher, "horovod")
     me = [sys.executable, __file__, "--worker", kind, "--sizes", ",".join(sizes), "--out", str(out)]
     if launcher == "mpirun":

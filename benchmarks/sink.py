@@ -34,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from _svg import Series, legend  # benchmarks/ is the script's folder
+from _common import job_env  # benchmarks/ is the script's folder
+from _svg import Series, legend
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -160,11 +161,7 @@ def measure(workload: str, min_steps: int, sizes: list[int], results: dict, vari
 # ----------------------------------------------------------------- driver side
 def run_worker(procs: int, out: Path, args) -> dict:
     out.unlink(missing_ok=True)
-    env = dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'examples'}"
-    )
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = job_env(REPO, REPO / "examples")
     me = [sys.executable, __file__, "--worker", "--out", str(out)]
     me += ["--mlp-steps", str(args.mlp_steps), "--lenet-steps", str(args.lenet_steps)]
     me += ["--sink-sizes", args.sink_sizes]
