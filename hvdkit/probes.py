@@ -80,12 +80,20 @@ def ddl_built() -> bool:
 
 # ------------------------------------------------------------------ this job (after init)
 def mpi_enabled() -> bool:
-    """Whether this job's collectives run over MPI (``horovodrun --mpi``, ``mpirun``)."""
+    """Whether this job's collectives run over MPI (``hvdkitrun``/``horovodrun --mpi``, ``mpirun``).
+
+    Also true under ``hvdkitrun`` without a transport flag when its default
+    rule picked MPI (docs/performance.md).
+    """
     return runtime.backend().transport() == "mpi"
 
 
 def gloo_enabled() -> bool:
-    """Whether this job's collectives run over Gloo (``horovodrun --gloo``, ``hvdkitrun``)."""
+    """Whether this job's collectives run over Gloo (``hvdkitrun``/``horovodrun --gloo``).
+
+    Also true under ``hvdkitrun`` without a transport flag when its default
+    rule picked Gloo, and under the scheduler/worker launch.
+    """
     return runtime.backend().transport() == "gloo"
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import psutil
 import pytest
 
+from hvdkit.launch.transport import choose_transport
+
 from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env
 
 TRAIN = str(MULTIPROC / "launch_train.py")
@@ -142,13 +144,22 @@ def test_same_weights_under_every_launcher(tmp_path):
         proc = run([*cmd, str(outdir)], tmp_path)
         assert proc.returncode == 0, (name, proc.output[-3000:])
         results[name] = weights(outdir)
-        announced = r"hvdkitrun: transport (\w+) \(2 processes, (\d+) cores here, "
+        announced = r"hvdkitrun: transport (\w+) \(2 processes, (\d+) cores here, ([\d.]+) busy; "
         said = re.findall(announced, proc.stderr)
         if name == "hvdkitrun-default":
             assert len(said) == 1 and said[0][0] in ("gloo", "mpi"), proc.stderr[-3000:]
             other = "--gloo" if said[0][0] == "mpi" else "--mpi"
             assert f"docs/performance.md); {other} to override." in proc.stderr
             assert int(said[0][1]) == os.cpu_count()
+            # the pick is the documented rule applied to the busy cores it announced
+            rule = choose_transport(
+                [("localhost", 2)],
+                cores=os.cpu_count(),
+                load=float(said[0][2]),
+                mpi_available=True,
+                is_local=lambda host: True,
+            )
+            assert said[0][0] == rule, said
         else:
             assert said == [], (name, said)  # a transport given is not announced
     outdir = tmp_path / "scheduler"

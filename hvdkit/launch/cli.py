@@ -30,7 +30,7 @@ from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
-from .transport import choose_transport
+from .transport import busy_cores, choose_transport
 
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -153,7 +153,9 @@ def run(argv: list[str] | None = None) -> int:
     np_, hosts = plan(args)
     transport, announce = args.transport, ""
     if transport is None:
-        load = os.getloadavg()[0]
+        busy = busy_cores(os.cpu_count())
+        # rounded as announced, so the message shows exactly what the rule saw
+        load = round(os.getloadavg()[0] if busy is None else busy, 1)
         transport = choose_transport(  # the rule: docs/performance.md
             hosts,
             cores=os.cpu_count(),
@@ -163,7 +165,8 @@ def run(argv: list[str] | None = None) -> int:
         )
         announce = (
             f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
-            f"load {load:.1f}; see docs/performance.md); "
+            f"{f'load average {load:.1f}' if busy is None else f'{load:.1f} busy'}; "
+            "see docs/performance.md); "
             f"{'--gloo' if transport == 'mpi' else '--mpi'} to override."
         )
     stall = stall_timeout(args.stall_timeout)

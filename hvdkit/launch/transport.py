@@ -7,7 +7,8 @@ The rule and the measurements behind it are in docs/performance.md; in short:
   training loop ran 1.36x faster than over Gloo, and a 400 KB allreduce ~4x
   faster, on an otherwise quiet 2-core machine);
 - one machine without free cores for the job, that is more processes than
-  cores, or the job's processes plus the 1-minute load average exceeding the
+  cores, or the job's processes plus the cores busy with other work (measured
+  over half a second as the job starts, :func:`busy_cores`) exceeding the
   cores by more than one: **Gloo**. Open MPI's shared-memory progress
   busy-polls; on an oversubscribed CPU a peer that is not running makes the
   others spin through their time slices, and allreduces over MPI (even Open
@@ -24,6 +25,7 @@ Pure logic (no processes, no TensorFlow), so tests/unit checks it directly.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 GLOO, MPI = "gloo", "mpi"
@@ -47,8 +49,8 @@ def choose_transport(
             e.g. ``[("localhost", 2)]`` or ``[("a", 2), ("b", 2)]``.
         cores: CPU cores of this machine (``os.cpu_count()``); ``None`` if unknown,
             then neither the process count nor the load is held against MPI.
-        load: the machine's 1-minute load average before the job starts
-            (``os.getloadavg()[0]``): other work competing for the cores.
+        load: cores' worth of other work competing for the cores as the job
+            starts (:func:`busy_cores`).
         mpi_available: whether Open MPI's ``mpirun`` can be found.
         is_local: whether a host name means this machine.
 
@@ -74,3 +76,48 @@ def choose_transport(
     if cores is not None and (processes > cores or processes + load > cores + BUSY_SLACK):
         return GLOO
     return MPI
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores from ``/proc/stat``; ``None`` where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    ticks = [int(v) for v in fields[1:9]]
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
+
+
+def busy_cores(
+    cores: int | None,
+    seconds: float = 0.5,
+    *,
+    read: Callable[[], tuple[int, int] | None] = _cpu_times,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float | None:
+    """Cores' worth of CPU in use on this machine over the next ``seconds``.
+
+    The rule's measure of other work. Not the 1-minute load average: that
+    still counts work which ended up to a minute ago (right after one job,
+    the next saw a load of 1.3-3.4 on idle cores, picked Gloo, and ran 2.4x
+    slower than over MPI; docs/performance.md). ``None`` without
+    ``/proc/stat`` (not Linux) or without a core count.
+
+    Example:
+        >>> samples = iter([(100, 1000), (150, 1200)])   # 50 of 200 ticks busy
+        >>> busy_cores(2, read=lambda: next(samples), sleep=lambda s: None)
+        0.5
+    """
+    first = read()
+    if first is None or not cores:
+        return None
+    sleep(seconds)
+    second = read()
+    if second is None or second[1] <= first[1]:
+        return None
+    return cores * (second[0] - first[0]) / (second[1] - first[1])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hvdkit.launch import transport
-from hvdkit.launch.transport import choose_transport
+from hvdkit.launch.transport import busy_cores, choose_transport
 
 
 def local(host: str) -> bool:
@@ -24,7 +26,7 @@ def local(host: str) -> bool:
         ([("localhost", 3)], 2, True, "gloo", 0.0),
         ([("localhost", 4)], 2, True, "gloo", 0.0),
         ([("me", 2), ("localhost", 2)], 3, True, "gloo", 0.0),  # counted over every local entry
-        # one machine, busy with other work (1-minute load average): Gloo
+        # one machine, busy with other work (cores busy as the job starts): Gloo
         ([("localhost", 2)], 2, True, "gloo", 5.0),
         ([("localhost", 2)], 2, True, "gloo", 1.01),
         ([("localhost", 2)], 2, True, "mpi", 1.0),  # within the one core of slack
@@ -64,3 +66,35 @@ def test_load_and_processes_add_up():
 def test_answers_are_the_launcher_flags():
     # hvdkitrun turns the answer into --gloo / --mpi: only those two may come back
     assert {transport.GLOO, transport.MPI} == {"gloo", "mpi"}
+
+
+def samples(*pairs):
+    it = iter(pairs)
+    return lambda: next(it)
+
+
+def test_busy_cores_is_the_busy_share_of_the_ticks_times_the_cores():
+    slept = []
+    # 300 of 400 ticks busy between the two reads, on 2 cores: 1.5 cores busy
+    got = busy_cores(2, 0.25, read=samples((1000, 5000), (1300, 5400)), sleep=slept.append)
+    assert got == 1.5 and slept == [0.25]
+
+
+@pytest.mark.parametrize(
+    "cores, reads, expected",
+    [
+        (4, [(0, 100), (0, 200)], 0.0),  # idle
+        (4, [(0, 100), (100, 200)], 4.0),  # every core busy
+        (2, [None], None),  # no /proc/stat: the caller falls back to the load average
+        (2, [(0, 100), None], None),
+        (2, [(0, 100), (0, 100)], None),  # no ticks elapsed: nothing measured
+        (None, [(0, 100)], None),  # unknown core count
+    ],
+)
+def test_busy_cores_edges(cores, reads, expected):
+    assert busy_cores(cores, read=samples(*reads), sleep=lambda s: None) == expected
+
+
+def test_busy_cores_reads_this_machine():
+    got = busy_cores(os.cpu_count(), 0.05)
+    assert got is not None and 0.0 <= got <= os.cpu_count()
