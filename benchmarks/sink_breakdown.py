@@ -11,16 +11,16 @@ with no transport flag (what ``hvdkitrun`` picks on this machine now), with
   plain       steps/s of a Python loop calling the tf.function step per batch
   data_sink   steps/s of hvdkit.sink.data_sink(step, ds, sink_size=N)
   compute     ms per step of the same data_sink whose step does not reduce its
-              gradients (forward, backward, update and the in-graph input)
+              gradients (forward, backward, update), less the input wait
   allreduce   ms per step of the gradient reduction alone: N calls of
               hvdkit.reduce_gradients on the step's gradient shapes in one
               tf.function loop (the DistributedGradientTape path)
   input wait  DataSink.last_input_wait / N: time the sink's steps waited for
-              their batches
+              their batches (median call)
 
 and derives the host dispatch per step = 1/plain - 1/data_sink (what sink mode
-removes) and "other" = data_sink's step - compute - allreduce (what the parts
-do not explain: negotiation beyond the reduction alone, scheduling of two
+removes) and "other" = data_sink's step - compute - input wait - allreduce
+(what the parts do not explain: negotiation beyond the reduction alone, scheduling of two
 processes on shared cores; negative when compute and allreduce overlap).
 Each figure is the best of 3 timed repeats; with --rounds R the three jobs
 are interleaved R times and the median round counts. Prints a table, writes
@@ -146,10 +146,10 @@ def worker(out: str, steps: int, n: int) -> None:
             "data_sink_steps_per_s": 1 / sink_s,
             "ms": {
                 "dispatch": 1000 * (plain_s - sink_s),
-                "compute": 1000 * compute_s,
+                "compute": 1000 * (compute_s - wait_s),
                 "allreduce": 1000 * allreduce_s,
                 "input_wait": 1000 * wait_s,
-                "other": 1000 * (sink_s - compute_s - allreduce_s),
+                "other": 1000 * (sink_s - compute_s - allreduce_s),  # parts sum to a step
             },
         }
         Path(out).write_text(json.dumps(result))
@@ -186,7 +186,8 @@ def svg(rows: dict[str, dict], n: int, path: Path) -> None:
         "other": "#ff7f0e",
     }
     bars = []
-    for name, r in rows.items():
+    for launch_name, r in rows.items():
+        name = f"default ({r['transport']})" if launch_name == "default" else launch_name
         ms = {k: max(0.0, v) for k, v in r["ms"].items()}
         sink_parts = {k: ms[k] for k in PARTS if k != "dispatch"}
         bars.append((f"{name}: plain", {"dispatch": ms["dispatch"], **sink_parts}))
@@ -212,37 +213,8 @@ def svg(rows: dict[str, dict], n: int, path: Path) -> None:
     path.write_text(document(ml + bw + 80, height, parts, footnote=foot))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worker", action="store_true")
-    p.add_argument("--out")
-    p.add_argument("--steps", type=int, default=600, help="timed steps per repeat, at least")
-    p.add_argument("--sink-size", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--plot", default=str(REPO / "docs" / "sink_breakdown.svg"))
-    args = p.parse_args()
-    if args.worker:
-        worker(args.out, args.steps, args.sink_size)
-        return
-    if args.sink_size < 1 or args.steps < 1 or args.rounds < 1:
-        p.error("--steps, --sink-size and --rounds must be at least 1")
-
-    results_dir = REPO / "bench_results"
-    results_dir.mkdir(exist_ok=True)
-    load = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {name: [] for name, _ in LAUNCHES}
-    for rnd in range(args.rounds):
-        for name, flags in LAUNCHES:
-            r = launch(flags, results_dir / f"sink_breakdown-{name}.json", args)
-            runs[name].append(r)
-            print(
-                f"round {rnd + 1}: {name:8s} plain {r['plain_steps_per_s']:6.0f} steps/s, "
-                f"data_sink {r['data_sink_steps_per_s']:6.0f}  {r['announced']}",
-                flush=True,
-            )
-    rows = {name: median_round(rs) for name, rs in runs.items()}
-
-    n = args.sink_size
+def report(rows: dict[str, dict], n: int, load: float) -> None:
+    """Print the table of steps/s and ms per step, and the goals of sink mode."""
     print(f"\nMLP, 2 processes, sink_size={n}; ms per step (load average at the start {load:.1f})")
     head = f"{'launch':8s} {'plain/s':>8s} {'sink/s':>8s} {'ratio':>6s}"
     print(head + "".join(f" {k:>10s}" for k in PARTS))
@@ -261,6 +233,47 @@ def main() -> None:
         f"data_sink / better transport's = {default['data_sink_steps_per_s'] / best:.2f} "
         f"(goal >= 0.97); {default['announced']}"
     )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--steps", type=int, default=600, help="timed steps per repeat, at least")
+    p.add_argument("--sink-size", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--plot", default=str(REPO / "docs" / "sink_breakdown.svg"))
+    p.add_argument("--from-json", help="re-print and re-draw a saved run; measure nothing")
+    args = p.parse_args()
+    if args.worker:
+        worker(args.out, args.steps, args.sink_size)
+        return
+    if args.sink_size < 1 or args.steps < 1 or args.rounds < 1:
+        p.error("--steps, --sink-size and --rounds must be at least 1")
+
+    results_dir = REPO / "bench_results"
+    results_dir.mkdir(exist_ok=True)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        report(saved["rows"], saved["config"]["sink_size"], saved["load_average_at_start"])
+        svg(saved["rows"], saved["config"]["sink_size"], Path(args.plot))
+        print(f"drew {args.plot}")
+        return
+    load = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {name: [] for name, _ in LAUNCHES}
+    for rnd in range(args.rounds):
+        for name, flags in LAUNCHES:
+            r = launch(flags, results_dir / f"sink_breakdown-{name}.json", args)
+            runs[name].append(r)
+            print(
+                f"round {rnd + 1}: {name:8s} plain {r['plain_steps_per_s']:6.0f} steps/s, "
+                f"data_sink {r['data_sink_steps_per_s']:6.0f}  {r['announced']}",
+                flush=True,
+            )
+    rows = {name: median_round(rs) for name, rs in runs.items()}
+
+    n = args.sink_size
+    report(rows, n, load)
     result = {
         "config": {"steps": args.steps, "sink_size": n, "rounds": args.rounds, "batch": BATCH},
         "load_average_at_start": load,
