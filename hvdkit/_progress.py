@@ -1,10 +1,13 @@
 """Which collective this process is waiting in, for the launcher's stuck-rank check.
 
-hvdkit's collectives mark when they start and end (eager calls from Python,
-the gradient allreduce from inside the graph). The heartbeat sender puts
-:func:`status` into every heartbeat, so the launcher can tell a rank that has
-waited in one collective longer than the stall timeout (the others are in
-another collective, or not in any) and name what each rank is doing.
+hvdkit's collectives mark when they start and end: eager calls from Python
+with :func:`enter`/:func:`leave`; the gradient allreduce inside the graph
+updates counters that a probe (:func:`add_probe`, registered by
+:mod:`hvdkit._graph_progress`) reads whenever a status is built, so a training
+step makes no Python call for it. The heartbeat sender puts :func:`status`
+into every heartbeat, so the launcher can tell a rank that has waited in one
+collective longer than the stall timeout (the others are in another
+collective, or not in any) and name what each rank is doing.
 
 No TensorFlow here: the launcher reads the same field names.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 
 # heartbeat fields: completed collectives, the collective waited in, seconds waited
 COMPLETED, WAITING, WAITED_S = "cc", "w", "ws"
@@ -28,14 +32,21 @@ _lock = threading.Lock()
 _tokens = itertools.count(1)
 _inflight: dict[int, tuple[str, float]] = {}  # token -> (description, start)
 _completed = 0
+# A probe returns (collectives it saw completed, [(description, start), ...] waited in).
+Probe = Callable[[], tuple[int, list[tuple[str, float]]]]
+_probes: list[Probe] = []
+
+
+def label(what: str, step: int | None = None) -> str:
+    """How a collective is named in heartbeats: ``"gradient allreduce (step 3)"``."""
+    return what if step is None else f"{what} (step {step})"
 
 
 def enter(what: str, step: int | None = None) -> int:
     """Mark the start of a collective; returns the token to pass to :func:`leave`."""
-    label = what if step is None else f"{what} (step {step})"
     with _lock:
         token = next(_tokens)
-        _inflight[token] = (label, time.monotonic())
+        _inflight[token] = (label(what, step), time.monotonic())
     return token
 
 
@@ -47,14 +58,31 @@ def leave(token: int) -> None:
             _completed += 1
 
 
+def add_probe(probe: Probe) -> None:
+    """Count what ``probe`` reports in every :func:`status` from now on."""
+    with _lock:
+        _probes.append(probe)
+
+
+def _snapshot() -> tuple[int, list[tuple[str, float]]]:
+    """Collectives completed, and every (description, start) still waited in."""
+    with _lock:
+        done, waits, probes = _completed, list(_inflight.values()), list(_probes)
+    for probe in probes:  # outside the lock: a probe may take a moment
+        seen, more = probe()
+        done += seen
+        waits += more
+    return done, waits
+
+
 def status() -> dict:
     """Heartbeat fields: collectives completed so far, and the oldest one still waited in."""
-    with _lock:
-        fields = {COMPLETED: _completed}
-        if _inflight:
-            label, start = min(_inflight.values(), key=lambda v: v[1])
-            fields[WAITING] = label
-            fields[WAITED_S] = round(time.monotonic() - start, 1)
+    done, waits = _snapshot()
+    fields = {COMPLETED: done}
+    if waits:
+        what, start = min(waits, key=lambda v: v[1])
+        fields[WAITING] = what
+        fields[WAITED_S] = round(time.monotonic() - start, 1)
     return fields
 
 
@@ -70,18 +98,18 @@ def start_watchdog(timeout_s: float, rank: int, interval_s: float = 5.0) -> thre
         warned = set()
         while True:
             time.sleep(interval_s)
-            with _lock:
-                overdue = [
-                    (token, label, time.monotonic() - start)
-                    for token, (label, start) in _inflight.items()
-                    if time.monotonic() - start > timeout_s and token not in warned
-                ]
-            for token, label, age in overdue:
-                warned.add(token)
+            now = time.monotonic()
+            overdue = [
+                (what, start)
+                for what, start in _snapshot()[1]
+                if now - start > timeout_s and (what, start) not in warned
+            ]
+            for what, start in overdue:
+                warned.add((what, start))
                 sys.stderr.write(
-                    f"hvdkit: WARNING: rank {rank} has waited in {label} for {age:.0f} s (stall "
-                    f"timeout {timeout_s:g} s). If other ranks are in a different collective or "
-                    "none, the job is stuck; hvdkitrun would have stopped it (see "
+                    f"hvdkit: WARNING: rank {rank} has waited in {what} for {now - start:.0f} s "
+                    f"(stall timeout {timeout_s:g} s). If other ranks are in a different "
+                    "collective or none, the job is stuck; hvdkitrun would have stopped it (see "
                     "docs/divergence.md).\n"
                 )
                 sys.stderr.flush()

@@ -13,10 +13,9 @@ import contextlib
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from . import _compat, _progress, collectives, runtime
+from . import _compat, _graph_progress, collectives, runtime
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
@@ -78,28 +77,6 @@ def _check_reduction_args(op, compression, what: str) -> None:
         )
 
 
-def _mark_waiting(step) -> tf.Tensor:
-    """A graph op telling :mod:`hvdkit._progress` the gradient allreduce starts now.
-
-    The launcher names a rank that waits here longer than the stall timeout.
-    """
-    step = tf.constant(-1, tf.int64) if step is None else tf.cast(step, tf.int64)
-
-    def enter(s):
-        return np.int64(_progress.enter("gradient allreduce", None if s < 0 else int(s)))
-
-    return tf.numpy_function(enter, [step], tf.int64, stateful=True, name="hvdkit_waiting")
-
-
-def _mark_done(token: tf.Tensor, reduced: list) -> tf.Tensor:
-    def leave(t, *_):
-        _progress.leave(int(t))
-        return np.int64(0)
-
-    deps = [token, *reduced[:1]]
-    return tf.numpy_function(leave, deps, tf.int64, stateful=True, name="hvdkit_done")
-
-
 def reduce_gradients(
     grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
     *,
@@ -151,11 +128,11 @@ def reduce_gradients(
         tensors = [t for t, _ in packed]
         if step is not None:
             tensors.append(_step_marker(step, tensors[0].dtype if tensors else tf.float32))
-        token = _mark_waiting(step)
+        token = _graph_progress.waiting(step)
         with tf.control_dependencies([token]):
             tensors = [tf.identity(t) for t in tensors]
         reduced = collectives.grouped_allreduce(tensors, op=op)
-        with tf.control_dependencies([_mark_done(token, reduced)]):
+        with tf.control_dependencies([_graph_progress.done(token, reduced)]):
             checks = [] if step is None else [_check_step_marker(step, reduced.pop(), op)]
         with tf.control_dependencies(checks):
             for i, r, (_, ctx) in zip(dense_idx, reduced, packed, strict=True):
