@@ -1,13 +1,16 @@
-"""What the benchmark drivers share: the environment of the jobs they launch.
+"""What the benchmarks share: the environment of the jobs they launch, and timing in them.
 
 env = job_env()                            # PYTHONPATH: the repository
 env = job_env(REPO, REPO / "examples")     # ... and examples/
 env = job_env(HOROVOD_CYCLE_TIME="0.1")    # plus one of Horovod's knobs
+seconds = best_seconds(lambda: run(100), repeats=2)   # inside a job, after hvdkit.init()
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,3 +28,20 @@ def job_env(*paths: Path, **extra: str) -> dict[str, str]:
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
+
+
+def best_seconds(run: Callable[[], object], repeats: int) -> float:
+    """Fewest seconds of ``repeats`` calls of ``run``, every rank starting and ending together.
+
+    Call inside a launched job, after ``hvdkit.init()``; warm up (trace) first.
+    """
+    import hvdkit
+
+    best = float("inf")
+    for _ in range(repeats):
+        hvdkit.barrier()
+        t0 = time.perf_counter()
+        run()
+        hvdkit.barrier()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import job_env  # benchmarks/ is the script's folder
+from _common import best_seconds, job_env  # benchmarks/ is the script's folder
 from _svg import Series, legend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,20 +67,6 @@ def worker(out: str, mlp_steps: int, lenet_steps: int, sizes: list[int]) -> None
     measure("lenet", lenet_steps, sizes, results, ("data_sink", "keras_spe"))
     if hvdkit.rank() == 0:
         Path(out).write_text(json.dumps(results))
-
-
-def timed(run, calls: int, runs: int) -> float:
-    """Best seconds of ``runs`` runs of ``calls`` calls, all ranks in step."""
-    import hvdkit
-
-    best = float("inf")
-    for _ in range(runs):
-        hvdkit.barrier()
-        t0 = time.perf_counter()
-        run(calls)
-        hvdkit.barrier()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def measure(workload: str, min_steps: int, sizes: list[int], results: dict, variants) -> None:
@@ -128,7 +114,7 @@ def measure(workload: str, min_steps: int, sizes: list[int], results: dict, vari
         float(loss)
 
     plain(5)
-    results[f"{workload}/plain"] = min_steps / timed(plain, min_steps, 2)
+    results[f"{workload}/plain"] = min_steps / best_seconds(lambda: plain(min_steps), 2)
 
     for n in sizes:
         calls = max(1, -(-min_steps // n))
@@ -152,7 +138,8 @@ def measure(workload: str, min_steps: int, sizes: list[int], results: dict, vari
         runners = {"data_sink": data_sink, "sink_train": sink_train, "keras_spe": keras_spe}
         for name in variants:
             runners[name](1)  # warm-up: traces
-            results[f"{workload}/{name}/{n}"] = calls * n / timed(runners[name], calls, runs)
+            seconds = best_seconds(lambda run=runners[name], calls=calls: run(calls), runs)
+            results[f"{workload}/{name}/{n}"] = calls * n / seconds
         if rank == 0:
             row = "  ".join(f"{v} {results[f'{workload}/{v}/{n}']:7.0f}" for v in variants)
             print(f"[{size} proc] {workload} N={n:4d}  {row}", flush=True)

@@ -36,10 +36,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from _common import REPO, job_env
+from _common import REPO, best_seconds, job_env
 from _svg import Series, document, legend
 
 BIN = Path(sys.executable).parent
@@ -84,16 +83,9 @@ def worker(out: str, steps: int, n: int) -> None:
 
         return step, model
 
-    def best_seconds(run, repeats: int = 3) -> float:
+    def warm_then_time(run) -> float:
         run()  # warm-up: traces
-        best = float("inf")
-        for _ in range(repeats):
-            hvdkit.barrier()
-            t0 = time.perf_counter()
-            run()
-            hvdkit.barrier()
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return best_seconds(run, repeats=3)
 
     calls = max(1, -(-steps // n))
     total = calls * n
@@ -134,10 +126,10 @@ def worker(out: str, steps: int, n: int) -> None:
             acc = reductions()
         float(acc)
 
-    plain_s = best_seconds(plain) / total
-    sink_s = best_seconds(with_reduce) / total
-    compute_s = best_seconds(without_reduce) / total
-    allreduce_s = best_seconds(allreduce_only) / total
+    plain_s = warm_then_time(plain) / total
+    sink_s = warm_then_time(with_reduce) / total
+    compute_s = warm_then_time(without_reduce) / total
+    allreduce_s = warm_then_time(allreduce_only) / total
     wait_s = statistics.median(waits[-calls:]) / n
     if hvdkit.rank() == 0:
         result = {

@@ -163,11 +163,11 @@ def run(argv: list[str] | None = None) -> int:
             mpi_available=processes.find_tool("mpirun") is not None,
             is_local=_is_local,
         )
+        seen = f"load average {load:.1f}" if busy is None else f"{load:.1f} busy"
+        other = "--gloo" if transport == "mpi" else "--mpi"
         announce = (
             f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
-            f"{f'load average {load:.1f}' if busy is None else f'{load:.1f} busy'}; "
-            "see docs/performance.md); "
-            f"{'--gloo' if transport == 'mpi' else '--mpi'} to override."
+            f"{seen}; see docs/performance.md); {other} to override."
         )
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
