@@ -116,8 +116,16 @@ def record(step, ids):
         kill_self(f"inside training step {step}", ARGS.crash_how)
 
 
-def record_op(step, ids):
-    tf.py_function(record, [step, ids], [])
+def record_op(step, ids, updated):
+    """Record the step once its update is applied.
+
+    Reading the updated variables orders the record after their assignment,
+    which needs this step's allreduced gradients: a rank never records a step
+    whose allreduce did not complete (without it, the record could run while
+    the allreduce still waited for a peer that had died).
+    """
+    with tf.control_dependencies([tf.identity(v) for v in updated]):
+        tf.py_function(record, [step, ids], [])
 
 
 def crash_in_save(stage, step):
@@ -152,7 +160,7 @@ class Net(keras.Model):
             loss = LOSS(y, self(inputs["x"], training=True))
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
-        record_op(self.optimizer.iterations, inputs["id"])
+        record_op(self.optimizer.iterations, inputs["id"], self.trainable_variables)
         return {"loss": loss}
 
 
@@ -193,7 +201,7 @@ def custom_step(inputs, y):
     tape = hvdkit.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads, model.trainable_variables)
-    record_op(optimizer.iterations, inputs["id"])
+    record_op(optimizer.iterations, inputs["id"], model.trainable_variables)
     return loss
 
 
