@@ -52,6 +52,39 @@ def build_model(keras):
     )
 
 
+def custom_step(tf, model, opt, loss_fn, next_batch, gradients):
+    """The custom loop's ``tf.function`` step, as a Horovod or hvdkit user writes it.
+
+    ``next_batch() -> (x, y)``; ``gradients(tape, loss, variables)`` returns the
+    reduced gradients (Horovod's ``grouped_allreduce`` after ``tape.gradient``,
+    or hvdkit's ``DistributedGradientTape``).
+    """
+
+    @tf.function
+    def step():
+        xb, yb = next_batch()
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        opt.apply(gradients(tape, loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    return step
+
+
+def horovod_gradients(hvd):
+    """``custom_step``'s ``gradients`` for the raw Horovod loop (``horovod.tensorflow``)."""
+    return lambda tape, loss, variables: hvd.grouped_allreduce(
+        tape.gradient(loss, variables), op=hvd.Average
+    )
+
+
+def hvdkit_gradients(hvdkit):
+    """``custom_step``'s ``gradients`` through ``hvdkit.DistributedGradientTape``."""
+    return lambda tape, loss, variables: hvdkit.DistributedGradientTape(tape).gradient(
+        loss, variables
+    )
+
+
 def worker(variant: str, steps: int, warmup: int, out: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -148,19 +181,12 @@ def worker(variant: str, steps: int, warmup: int, out: str) -> None:
         ds = tf.data.Dataset.from_tensors((x, y))
         batches = iter(ds.repeat()) if variant == "horovod_ds" else None
 
-        @tf.function
-        def step():
-            xb, yb = next(batches) if variant == "horovod_ds" else (xt, yt)
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            if variant == "hvdkit_loop":
-                tape = hvd.DistributedGradientTape(tape)
-                grads = tape.gradient(loss, model.trainable_variables)
-            else:
-                grads = tape.gradient(loss, model.trainable_variables)
-                grads = hvd.grouped_allreduce(grads, op=hvd.Average)
-            opt.apply(grads, model.trainable_variables)
-            return loss
+        if variant == "horovod_ds":
+            next_batch = lambda: next(batches)
+        else:
+            next_batch = lambda: (xt, yt)
+        grads = hvdkit_gradients(hvd) if variant == "hvdkit_loop" else horovod_gradients(hvd)
+        step = custom_step(tf, model, opt, loss_fn, next_batch, grads)
 
         def run(n):
             for _ in range(n):

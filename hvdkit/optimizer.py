@@ -49,12 +49,15 @@ def _check_step_marker(step: tf.Tensor, reduced: tf.Tensor, op: ReduceOp) -> tf.
     step = tf.convert_to_tensor(step)
     slot = tf.cast(step % _STEP_MARKER_SLOTS, tf.int32)
     got = tf.cast(tf.gather(reduced, slot), tf.float32)
+    # Only string and int32 data keep Assert a plain op: with other dtypes
+    # TensorFlow guards it with a tf.cond, one more function call (If op) in
+    # every training step (docs/performance.md). The step is shown modulo 2**31.
     return tf.debugging.Assert(
         got > full * (1.0 - 0.5 / n),
         [
             f"hvdkit: gradient allreduces of different optimizer steps were paired across "
             f"ranks (rank {runtime.rank()} of {n} is at step",
-            step,
+            tf.cast(step % 2**31, tf.int32),
             "and another rank is not). An optimizer was restored, rebuilt or stepped on "
             "some ranks only: broadcast its state from one rank "
             "(BroadcastGlobalVariablesCallback / broadcast_variables) and step it on every "
