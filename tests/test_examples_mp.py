@@ -1,9 +1,13 @@
 """The README's main job and the documented examples, under the real launcher."""
 
+import os
 import re
+import signal
 import subprocess
+import time
+from pathlib import Path
 
-from conftest import REPO, horovodrun, launcher_env
+from conftest import REPO, VENV_BIN, horovodrun, launcher_env, start_in_session
 
 
 def run_example(script, transport, *args, timeout=900):
@@ -36,3 +40,98 @@ def test_manual_parallel_matches_automatic_path(transport):
     assert proc.returncode == 0, out[-3000:]
     m = re.search(r"max \|manual - automatic\| weight difference: ([\d.e+-]+)", out)
     assert m and float(m.group(1)) < 1e-5, out[-2000:]
+
+
+# ------------------------------------------------ fault_tolerant_digits.py, killed from outside
+FT_EXAMPLE = REPO / "examples" / "fault_tolerant_digits.py"
+FINGERPRINT = re.compile(r"done at step (\d+); weights fingerprint ([0-9a-f]{16})")
+
+
+def hvdkitrun(transport, *argv):
+    return [str(VENV_BIN / "hvdkitrun"), "-np", "2", f"--{transport}", *map(str, argv)]
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (by parent pid), read from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        kids = [p for p, parent in parents.items() if parent == pid]
+        found += kids
+        frontier += kids
+    return found
+
+
+def python_rank(pids: list[int], rank: int) -> int | None:
+    """The pid among ``pids`` that is the example's Python process of ``rank``."""
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        is_python = Path(argv[0].decode()).name.startswith("python")
+        runs_example = any(a.endswith(FT_EXAMPLE.name.encode()) for a in argv)
+        ranks = {f"{k}={rank}".encode() for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")}
+        if is_python and runs_example and ranks & set(env):
+            return pid
+    return None
+
+
+def newest_checkpoint_step(folder: Path) -> int:
+    steps = [int(d.name[5:]) for d in folder.glob("ckpt-*") if (d / "manifest.json").exists()]
+    return max(steps, default=0)
+
+
+def test_fault_tolerant_example_killed_from_outside_ends_with_the_same_weights(transport, tmp_path):
+    """kill -9 of rank 1 mid-run, as a user would: hvdkitrun restarts, the weights match."""
+    ref = subprocess.run(
+        hvdkitrun(transport, "python", FT_EXAMPLE, tmp_path / "ref"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=launcher_env(),
+    )
+    ref_out = ref.stdout + ref.stderr
+    assert ref.returncode == 0, ref_out[-3000:]
+    want = FINGERPRINT.search(ref_out)
+    assert want and want.group(1) == "116", ref_out[-3000:]  # 4 epochs of 29 steps
+
+    ckpt = tmp_path / "job"
+    cmd = hvdkitrun(transport, "--max-restarts", "1", "--checkpoint-dir", ckpt,
+                    "python", FT_EXAMPLE, ckpt, "--step-sleep", "0.2")  # fmt: skip
+    proc = start_in_session(cmd, env=launcher_env())
+    killed = None
+    try:
+        # Kill once a checkpoint of step >= 20 is complete: the job is then
+        # mid-run (116 steps), whatever the machine's speed.
+        while killed is None and proc.poll() is None:
+            if newest_checkpoint_step(ckpt) >= 20:
+                killed = python_rank(descendants(proc.pid), 1)
+                if killed is not None:
+                    os.kill(killed, signal.SIGKILL)
+            time.sleep(0.1)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert killed is not None, f"rank 1 was not found running before the job ended:\n{out[-3000:]}"
+    assert proc.returncode == 0, out[-3000:]
+    restart = re.search(
+        # Open MPI reports the signal; Gloo's launcher, a shell's exit status 128 + 9
+        r"restart 1/1 after rank 1 (?:signal 9|exit code 137) \(SIGKILL\); "
+        r"resuming from checkpoint step (\d+)",
+        out,
+    )
+    assert restart and 20 <= int(restart.group(1)) < 116, out[-3000:]
+    assert f"attempt 1: 2 rank(s), resuming from step {restart.group(1)}" in out, out[-3000:]
+    got = FINGERPRINT.search(out)
+    assert got and got.groups() == want.groups(), out[-3000:]
