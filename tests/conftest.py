@@ -110,6 +110,19 @@ def start_in_session(cmd: list[str], **kwargs) -> subprocess.Popen:
     )
 
 
+def hvdkitrun(transport: str, *argv, options: tuple = (), np_: int = 2) -> list[str]:
+    """``hvdkitrun -np N --<transport> [options] python argv...`` with this venv's launcher."""
+    return [
+        str(VENV_BIN / "hvdkitrun"),
+        "-np",
+        str(np_),
+        f"--{transport}",
+        *map(str, options),
+        sys.executable,
+        *map(str, argv),
+    ]
+
+
 def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, bool]:
     """Run ``cmd`` in its own session; on timeout stop that session (only our own processes).
 

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import (
     MULTIPROC,
-    VENV_BIN,
     horovodrun,
+    hvdkitrun,
     launcher_env,
     run_bounded,
     start_in_session,
@@ -29,20 +29,10 @@ WATCH_S = STALL_S + 30
 EXIT_STALLED = 124  # hvdkitrun's status for a stalled or stuck job
 
 
-def hvdkitrun(tmp_path, transport, *args):
-    cmd = [
-        str(VENV_BIN / "hvdkitrun"),
-        "-np",
-        "2",
-        f"--{transport}",
-        "--stall-timeout",
-        str(STALL_S),
-        sys.executable,
-        PROG,
-        *args,
-        "--watch",
-        str(WATCH_S),
-    ]
+def run_diverging(tmp_path, transport, *args):
+    cmd = hvdkitrun(
+        transport, PROG, *args, "--watch", WATCH_S, options=("--stall-timeout", STALL_S)
+    )
     code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
     assert not timed_out, f"the job hung:\n{out[-3000:]}"
     return code, out
@@ -60,7 +50,7 @@ def assert_stuck(code, out, *fragments):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_extra_allreduce_on_one_rank(tmp_path, transport):
-    code, out = hvdkitrun(tmp_path, transport, "extra")
+    code, out = run_diverging(tmp_path, transport, "extra")
     assert_stuck(
         code,
         out,
@@ -74,7 +64,7 @@ def test_skipped_step_on_one_rank(tmp_path, transport):
     # rank 1's later allreduces pair with rank 0's earlier ones (the same
     # operation, one step apart); at the end rank 1 gathers the weights while
     # rank 0 still waits for its last gradient allreduce.
-    code, out = hvdkitrun(tmp_path, transport, "skip")
+    code, out = run_diverging(tmp_path, transport, "skip")
     assert_stuck(
         code, out, "rank 0 waits in gradient allreduce (step 7)", "rank 1 waits in allgather 'w'"
     )
@@ -84,13 +74,13 @@ def test_skipped_step_on_one_rank(tmp_path, transport):
 # same over both transports (extra and skip above check it over both).
 @pytest.mark.parametrize("transport", ["mpi"])
 def test_allgather_against_allreduce(tmp_path, transport):
-    code, out = hvdkitrun(tmp_path, transport, "gather_vs_reduce")
+    code, out = run_diverging(tmp_path, transport, "gather_vs_reduce")
     assert_stuck(code, out, "rank 0 waits in allgather 'g'", "rank 1 waits in allreduce 'r'")
 
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_long_rank0_only_section(tmp_path, transport):
-    code, out = hvdkitrun(tmp_path, transport, "rank0_section", "--sleep", "3600")
+    code, out = run_diverging(tmp_path, transport, "rank0_section", "--sleep", "3600")
     assert_stuck(
         code,
         out,
@@ -102,7 +92,7 @@ def test_long_rank0_only_section(tmp_path, transport):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_short_rank0_only_section_completes(tmp_path, transport):
-    code, out = hvdkitrun(tmp_path, transport, "rank0_section", "--sleep", "5")
+    code, out = run_diverging(tmp_path, transport, "rank0_section", "--sleep", "5")
     assert code == 0, out[-3000:]
     assert "rank-0-only section done" in out
     assert "[rank 0] finished 8 steps" in out and "[rank 1] finished 8 steps" in out

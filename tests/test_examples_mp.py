@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import REPO, VENV_BIN, horovodrun, launcher_env, start_in_session
+from conftest import REPO, horovodrun, hvdkitrun, launcher_env, run_bounded, start_in_session
 
 
 def run_example(script, transport, *args, timeout=900):
@@ -45,10 +45,6 @@ def test_manual_parallel_matches_automatic_path(transport):
 # ------------------------------------------------ fault_tolerant_digits.py, killed from outside
 FT_EXAMPLE = REPO / "examples" / "fault_tolerant_digits.py"
 FINGERPRINT = re.compile(r"done at step (\d+); weights fingerprint ([0-9a-f]{16})")
-
-
-def hvdkitrun(transport, *argv):
-    return [str(VENV_BIN / "hvdkitrun"), "-np", "2", f"--{transport}", *map(str, argv)]
 
 
 def descendants(root: int) -> list[int]:
@@ -93,21 +89,16 @@ def newest_checkpoint_step(folder: Path) -> int:
 
 def test_fault_tolerant_example_killed_from_outside_ends_with_the_same_weights(transport, tmp_path):
     """kill -9 of rank 1 mid-run, as a user would: hvdkitrun restarts, the weights match."""
-    ref = subprocess.run(
-        hvdkitrun(transport, "python", FT_EXAMPLE, tmp_path / "ref"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=launcher_env(),
+    code, ref_out, timed_out = run_bounded(
+        hvdkitrun(transport, FT_EXAMPLE, tmp_path / "ref"), 900, env=launcher_env()
     )
-    ref_out = ref.stdout + ref.stderr
-    assert ref.returncode == 0, ref_out[-3000:]
+    assert not timed_out and code == 0, ref_out[-3000:]
     want = FINGERPRINT.search(ref_out)
     assert want and want.group(1) == "116", ref_out[-3000:]  # 4 epochs of 29 steps
 
     ckpt = tmp_path / "job"
-    cmd = hvdkitrun(transport, "--max-restarts", "1", "--checkpoint-dir", ckpt,
-                    "python", FT_EXAMPLE, ckpt, "--step-sleep", "0.2")  # fmt: skip
+    options = ("--max-restarts", "1", "--checkpoint-dir", ckpt)
+    cmd = hvdkitrun(transport, FT_EXAMPLE, ckpt, "--step-sleep", "0.2", options=options)
     proc = start_in_session(cmd, env=launcher_env())
     killed = None
     try:
