@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
 
 @dataclass
@@ -78,9 +79,9 @@ def line_chart(
     parts = [
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>',
         f'<text x="{left + pw / 2}" y="{top - 10}" text-anchor="middle" '
-        f'font-weight="bold">{title}</text>',
+        f'font-weight="bold">{escape(title)}</text>',
         f'<text x="{left - 45}" y="{top + ph / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 {left - 45} {top + ph / 2})">{y_label}</text>',
+        f'transform="rotate(-90 {left - 45} {top + ph / 2})">{escape(y_label)}</text>',
     ]
     for t in _ticks(lo, hi, log_y):
         y = yv(t)
@@ -89,7 +90,9 @@ def line_chart(
             f'<text x="{left - 5}" y="{y + 4:.1f}" text-anchor="end">{t:g}</text>'
         )
     for label, x in zip(x_labels, xs, strict=True):
-        parts.append(f'<text x="{x:.1f}" y="{top + ph + 15}" text-anchor="middle">{label}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + ph + 15}" text-anchor="middle">{escape(label)}</text>'
+        )
     for s in series:
         pts = [(x, yv(v)) for x, v in zip(xs, s.values, strict=True) if v is not None and v > 0]
         dash = ' stroke-dasharray="6,4"' if s.dash else ""
@@ -108,7 +111,7 @@ def legend(x0: float, y0: float, series: list[Series], columns: int, col_width: 
         dash = ' stroke-dasharray="6,4"' if s.dash else ""
         parts.append(
             f'<line x1="{lx}" x2="{lx + 25}" y1="{ly}" y2="{ly}" stroke="{s.color}" '
-            f'stroke-width="3"{dash}/><text x="{lx + 30}" y="{ly + 4}">{s.label}</text>'
+            f'stroke-width="3"{dash}/><text x="{lx + 30}" y="{ly + 4}">{escape(s.label)}</text>'
         )
     return parts
 
@@ -119,5 +122,7 @@ def document(width: float, height: float, parts: list[str], footnote: str = "") 
         'font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
     ]
-    foot = [f'<text x="10" y="{height - 8}" fill="#555">{footnote}</text>'] if footnote else []
+    foot = []
+    if footnote:
+        foot = [f'<text x="10" y="{height - 8}" fill="#555">{escape(footnote)}</text>']
     return "\n".join(head + parts + foot + ["</svg>"]) + "\n"

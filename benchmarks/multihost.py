@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import secrets
@@ -73,6 +74,7 @@ NS_PREFIX = "hvdmh-"
 # link name -> tbf rate in bit/s (None: the veth unshaped)
 LINKS = {"veth": None, "10gbit": 10e9, "1gbit": 1e9}
 COMPRESSIONS = ("none", "fp16")
+TRANSPORTS = ("gloo", "mpi")
 WARMUP_CALLS = 2
 PROBE_PORT = 29780
 SCHED_PORT = 29790
@@ -189,13 +191,15 @@ def refuse(message: str) -> None:
     sys.exit(2)
 
 
-def preflight() -> None:
+def preflight(transports: Sequence[str]) -> None:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (it creates network namespaces): run it as root, e.g. sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             missing.append(f"the '{tool}' command (Debian package iproute2)")
+    if "mpi" in transports and shutil.which("mpirun") is None:
+        missing.append("Open MPI's mpirun for --transports mpi (Debian package openmpi-bin)")
     if not (BIN / "hvdkitrun").exists():
         missing.append(f"hvdkitrun next to {sys.executable} (run scripts/install.sh)")
     if missing:
@@ -472,14 +476,49 @@ def worker(sizes: list[str], repeats: int, out: str) -> None:
         Path(out).write_text(json.dumps(info))
 
 
-def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> dict:
-    out = tmp / "job.json"
-    out.unlink(missing_ok=True)
-    env = dict(
+def _job_env(lab: Lab) -> dict:
+    return dict(
         os.environ,
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         PYTHONPATH=str(REPO),
         TF_CPP_MIN_LOG_LEVEL="2",
+    )
+
+
+def _worker_argv(sizes: list[str], repeats: int, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--sizes",
+        ",".join(sizes),
+        "--repeats",
+        str(repeats),
+        "--out",
+        str(out),
+    ]
+
+
+def _finish(procs: list[subprocess.Popen], out: Path, tmp: Path, what: str) -> dict:
+    """Wait for the job's processes (bounded); its result, or an error with the logs' tails."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    for proc in procs:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    codes = [p.returncode for p in procs]
+    if any(codes) or not out.exists():
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp.glob("*.log"))
+        )
+        raise RuntimeError(f"the {what} allreduce job failed (exit codes {codes}):\n{logs}")
+    return json.loads(out.read_text())
+
+
+def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> dict:
+    """Gloo: hvdkit's scheduler/worker launch, the scheduler in host 0, a worker in every host."""
+    out = tmp / "job.json"
+    out.unlink(missing_ok=True)
+    env = dict(
+        _job_env(lab),
         HVDKIT_SCHED_HOST=lab.addrs[0],
         HVDKIT_SCHED_PORT=str(port),
         HVDKIT_JOB_TOKEN=secrets.token_hex(16),
@@ -489,35 +528,108 @@ def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> d
     cluster = REPO / "examples" / "cluster"
     sched = lab.start(lab.names[0], [str(cluster / "run_scheduler.sh")], env, tmp / "sched.log")
     time.sleep(0.5)
-    me = [sys.executable, __file__, "--worker", "--sizes", ",".join(sizes)]
-    me += ["--repeats", str(repeats), "--out", str(out)]
+    me = _worker_argv(sizes, repeats, out)
     workers = [
         lab.start(ns, [str(cluster / "run_workers.sh"), "1", *me], env, tmp / f"worker{i}.log")
         for i, ns in enumerate(lab.names)
     ]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    for proc in [*workers, sched]:
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    codes = [p.returncode for p in [sched, *workers]]
-    if any(codes) or not out.exists():
-        logs = "\n".join(
-            f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp.glob("*.log"))
-        )
-        raise RuntimeError(f"the allreduce job failed (exit codes {codes}):\n{logs}")
-    return json.loads(out.read_text())
+    return _finish([*workers, sched], out, tmp, "Gloo")
+
+
+def write_launch_agent(lab: Lab, path: Path) -> Path:
+    """Open MPI's launch agent for the simulated hosts (``plm_rsh_agent``, ssh's place).
+
+    ``mpirun`` calls it as ``agent <host> <command words>`` for every host but its
+    own; it runs the command in that host's namespace, as ssh would run it there.
+    """
+    cases = "".join(
+        f"  {addr}) ns={ns} ;;\n" for addr, ns in zip(lab.addrs, lab.names, strict=True)
+    )
+    path.write_text(
+        "#!/bin/sh\n"
+        "# written by benchmarks/multihost.py: mpirun's launch agent for its simulated hosts\n"
+        'host="$1"; shift\n'
+        'case "$host" in\n'
+        f"{cases}"
+        '  *) echo "launch agent: $host is not a simulated host" >&2; exit 2 ;;\n'
+        "esac\n"
+        'exec ip netns exec "$ns" sh -c "$*"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
+    """MPI: ``mpirun`` in host 0 starts one rank per host through the namespace agent.
+
+    Open MPI's TCP transport between the hosts (``btl tcp,self``): all the
+    namespaces share this machine's name and /dev/shm, so Open MPI would
+    otherwise take them for one node and pass messages through shared memory,
+    which separate hosts cannot. ``--bind-to none``, as horovodrun passes: each
+    simulated host's daemon would otherwise bind its one rank to core 0, all
+    of them to the same core (measured: 24 ms for a 400 KB allreduce of Open
+    MPI alone instead of 0.26 ms).
+    """
+    out = tmp / "job.json"
+    out.unlink(missing_ok=True)
+    agent = write_launch_agent(lab, tmp / "netns_agent.sh")
+    mpirun = [
+        shutil.which("mpirun") or "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        str(len(lab.names)),
+        "-H",
+        ",".join(f"{addr}:1" for addr in lab.addrs),
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        *("--mca", "plm_rsh_agent", str(agent)),
+        *("--mca", "btl", "tcp,self"),
+        *("--mca", "btl_tcp_if_include", "eth0"),
+        *("--mca", "oob_tcp_if_include", "eth0"),
+        *("-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"),
+    ]
+    argv = [*mpirun, *_worker_argv(sizes, repeats, out)]
+    job = lab.start(lab.names[0], argv, _job_env(lab), tmp / "mpirun.log")
+    return _finish([job], out, tmp, "MPI")
 
 
 # ----------------------------------------------------------------- analysis
-def analyse(runs: list[dict], sizes: list[str]) -> dict:
-    """Fits per (hosts, link, compression), the 4-host check, and the predictions."""
-    fits: dict[str, dict] = {}
+def transport_of(run: dict) -> str:
+    return run.get("transport", "gloo")  # runs recorded before MPI was measured are Gloo's
+
+
+def mpi_over_gloo(runs: list[dict], sizes: list[str]) -> dict[str, dict[str, float]]:
+    """MPI's time over Gloo's per ``hosts/link/compression`` measured on both (< 1: MPI faster)."""
+    gloo = {(r["hosts"], r["link"]): r for r in runs if transport_of(r) == "gloo"}
+    out = {}
     for run in runs:
-        n, link = run["hosts"], run["link"]
-        alpha = run["probe"]["rtt_s"] / 2
+        other = gloo.get((run["hosts"], run["link"]))
+        if transport_of(run) != "mpi" or other is None:
+            continue
         for comp in COMPRESSIONS:
-            xs = [float(parse_size(s)) for s in sizes]
-            ys = [run["seconds"][comp][s] for s in sizes]
-            fits[f"{n}/{link}/{comp}"] = fit_alpha_beta(xs, ys, n, alpha)
+            out[f"{run['hosts']}/{run['link']}/{comp}"] = {
+                s: run["seconds"][comp][s] / other["seconds"][comp][s] for s in sizes
+            }
+    return out
+
+
+def analyse(runs: list[dict], sizes: list[str]) -> dict:
+    """Fits per (hosts, link, compression) of the Gloo runs, the 4-host check, the
+    predictions, MPI's time against Gloo's, and the MPI runs' fits and predictions."""
+    compared = mpi_over_gloo(runs, sizes)
+    mpi_runs = [r for r in runs if transport_of(r) == "mpi"]
+    runs = [r for r in runs if transport_of(r) == "gloo"]  # the model is Gloo's ring
+    fits = fit_runs(runs, sizes)
+    mpi_fits = fit_runs(mpi_runs, sizes)
+    mpi_predictions = [
+        predict("measured", link, rtt, comp, False, fit["bandwidth"], fit)
+        for link in MODEL_LINKS
+        for rtt in MODEL_RTTS_S
+        for comp in COMPRESSIONS
+        if (fit := mpi_fits.get(f"2/{link}/{comp}")) is not None
+    ]
     checks = {}
     for run in runs:
         n, link = run["hosts"], run["link"]
@@ -574,7 +686,23 @@ def analyse(runs: list[dict], sizes: list[str]) -> dict:
         "check_4_hosts": checks,
         "predictions": predictions,
         "accumulation": accumulation,
+        "mpi_over_gloo": compared,
+        "mpi_fits": mpi_fits,
+        "mpi_predictions": mpi_predictions,
     }
+
+
+def fit_runs(runs: list[dict], sizes: list[str]) -> dict[str, dict]:
+    """``fit_alpha_beta`` of every run, keyed ``hosts/link/compression``."""
+    fits: dict[str, dict] = {}
+    for run in runs:
+        n, link = run["hosts"], run["link"]
+        alpha = run["probe"]["rtt_s"] / 2
+        for comp in COMPRESSIONS:
+            xs = [float(parse_size(s)) for s in sizes]
+            ys = [run["seconds"][comp][s] for s in sizes]
+            fits[f"{n}/{link}/{comp}"] = fit_alpha_beta(xs, ys, n, alpha)
+    return fits
 
 
 def predict(
@@ -606,22 +734,26 @@ def predict(
 
 
 def print_report(runs: list[dict], sizes: list[str], analysis: dict) -> None:
-    print("\nms per gradient allreduce (hvdkit.reduce_gradients in a tf.function, Gloo;")
+    print("\nms per gradient allreduce (hvdkit.reduce_gradients in a tf.function;")
     print("median of the calls, slowest rank); probe = TCP ping-pong RTT and bulk rate")
-    print(f"{'hosts link':14s}{'probe':>20s} {'comp':6s}" + "".join(f"{s:>9s}" for s in sizes))
+    print(f"{'hosts link  via':19s}{'probe':>20s} {'comp':6s}" + "".join(f"{s:>9s}" for s in sizes))
     for run in runs:
         p = run["probe"]
-        head = f"{run['hosts']:<2d}   {run['link']:8s}"
+        head = f"{run['hosts']:<2d}   {run['link']:7s}{transport_of(run):5s}"
         pr = f"{p['rtt_s'] * 1e6:6.0f}us {p['gbit_s']:5.2f}Gb/s"
         for comp in COMPRESSIONS:
             cells = "".join(f"{run['seconds'][comp][s] * 1e3:9.1f}" for s in sizes)
-            print(f"{head:14s}{pr:>20s} {comp:6s}{cells}")
+            print(f"{head:19s}{pr:>20s} {comp:6s}{cells}")
             head, pr = "", ""
         gains = "".join(
             f"{run['seconds']['none'][s] / run['seconds']['fp16'][s]:8.2f}x" for s in sizes
         )
-        print(f"{'':14s}{'':>20s} {'gain':6s}{gains}")
-    print("\nfit of c + 2(n-1)/n*S/B + 2*2(n-1)*alpha (alpha = probe RTT/2)")
+        print(f"{'':19s}{'':>20s} {'gain':6s}{gains}")
+    if analysis["mpi_over_gloo"]:
+        print("\nMPI time / Gloo time, same hosts and link (< 1: MPI faster)")
+        for key, ratios in analysis["mpi_over_gloo"].items():
+            print(f"{key:22s}" + "".join(f"{r:9.2f}" for r in ratios.values()))
+    print("\nfit of c + 2(n-1)/n*S/B + 2*2(n-1)*alpha (alpha = probe RTT/2), Gloo runs")
     print(f"{'hosts/link/comp':22s}{'B Gbit/s':>10s}{'c ms':>9s}{'alpha us':>10s}")
     for key, f in analysis["fits"].items():
         print(
@@ -642,12 +774,24 @@ def print_report(runs: list[dict], sizes: list[str], analysis: dict) -> None:
         + "   hosts>=90%"
     )
     for row in analysis["predictions"]:
-        cells = "".join(f"{row['efficiency'][n] * 100:7.0f}%" for n in MODEL_HOSTS)
-        at90 = row["hosts_at_90pct"]
-        print(
-            f"{row['basis']:9s}{row['link']:8s}{row['rtt_ms']:7.1f} {row['compression']:5s}"
-            f"{'yes' if row['overlap'] else 'no':>8s}{cells}   {at90 if at90 > 1 else '<2'}"
-        )
+        print_prediction(row)
+    if analysis.get("mpi_predictions"):
+        print("\nthe same model with B and c fitted to the 2-host MPI runs")
+        print("(Open MPI's allreduce taken to scale as a ring: not measured beyond 2 hosts)")
+        print(f"{'hosts/link/comp':22s}{'B Gbit/s':>10s}{'c ms':>9s}")
+        for key, f in analysis["mpi_fits"].items():
+            print(f"{key:22s}{f['bandwidth'] * 8 / 1e9:10.2f}{f['per_call'] * 1e3:9.2f}")
+        for row in analysis["mpi_predictions"]:
+            print_prediction(row)
+
+
+def print_prediction(row: dict) -> None:
+    cells = "".join(f"{row['efficiency'][n] * 100:7.0f}%" for n in MODEL_HOSTS)
+    at90 = row["hosts_at_90pct"]
+    print(
+        f"{row['basis']:9s}{row['link']:8s}{row['rtt_ms']:7.1f} {row['compression']:5s}"
+        f"{'yes' if row['overlap'] else 'no':>8s}{cells}   {at90 if at90 > 1 else '<2'}"
+    )
 
 
 def print_accumulation(analysis: dict) -> None:
@@ -670,7 +814,8 @@ RTT_COLORS = {
 
 
 def svg_plot(runs: list[dict], sizes: list[str], analysis: dict, path: Path) -> None:
-    """Left: measured ms against size on 2 hosts; right: modelled efficiency (no overlap)."""
+    """Left: measured ms against size on 2 hosts (Gloo); middle: modelled efficiency (no
+    overlap); right, where MPI was measured: MPI's time over Gloo's on 2 hosts."""
     measured = [
         Series(
             f"{r['link']}{' fp16' if c == 'fp16' else ''}",
@@ -679,7 +824,7 @@ def svg_plot(runs: list[dict], sizes: list[str], analysis: dict, path: Path) -> 
             dash=c == "fp16",
         )
         for r in runs
-        if r["hosts"] == 2
+        if r["hosts"] == 2 and transport_of(r) == "gloo"
         for c in COMPRESSIONS
     ]
     modelled = [
@@ -718,11 +863,39 @@ def svg_plot(runs: list[dict], sizes: list[str], analysis: dict, path: Path) -> 
         y_range=(0.0, 100.0),
     )
     parts += legend(510, 320, modelled, 2, 170)
+    width = 880
+    ratios = [
+        Series(
+            f"{key.split('/')[1]}{' fp16' if key.endswith('fp16') else ''}",
+            COLORS[key.split("/")[1]],
+            [by_size[s] for s in sizes],
+            dash=key.endswith("fp16"),
+        )
+        for key, by_size in analysis.get("mpi_over_gloo", {}).items()
+        if key.startswith("2/")
+    ]
+    if ratios:
+        top = max(2.0, math.ceil(max(v for r in ratios for v in r.values) * 2) / 2)
+        parts += line_chart(
+            880,
+            0,
+            430,
+            300,
+            title="measured: 2 hosts, MPI time / Gloo time",
+            x_labels=sizes,
+            x_values=[float(parse_size(s)) for s in sizes],
+            y_label="< 1: MPI faster",
+            series=ratios,
+            log_y=False,
+            y_range=(0.0, top),
+        )
+        parts += legend(950, 320, ratios, 2, 170)
+        width = 1320
     foot = (
         "dashed: hvdkit.Compression.fp16; 2-core shared machine, tc tbf shaping; "
         "RTT added in the model only (benchmarks/multihost.py)"
     )
-    path.write_text(document(880, 410, parts, foot))
+    path.write_text(document(width, 410, parts, foot))
 
 
 # ----------------------------------------------------------------- main
@@ -738,6 +911,11 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--hosts", default="2,4", help="host counts, e.g. 2,4")
     p.add_argument("--links", default="veth,10gbit,1gbit", help=f"of {', '.join(LINKS)}")
+    p.add_argument(
+        "--transports",
+        default="gloo,mpi",
+        help="of gloo, mpi; MPI runs only where hosts <= cores (one rank per core)",
+    )
     p.add_argument("--sizes", default="1M,4M,16M,64M,100M", help="bytes of float32 gradients")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=str(REPO / "bench_results" / "multihost.json"))
@@ -783,13 +961,16 @@ def measure(args: argparse.Namespace, sizes: list[str]) -> tuple[dict, list[dict
     """Every host count and link setting in turn; returns the run's config and its runs."""
     links = [s.strip() for s in args.links.split(",")]
     hosts = [int(h) for h in args.hosts.split(",")]
+    transports = [t.strip() for t in args.transports.split(",")]
     bad = [x for x in links if x not in LINKS] + [str(h) for h in hosts if h < 2]
-    if bad or len(sizes) < 2:
+    bad += [t for t in transports if t not in TRANSPORTS]
+    if bad or len(sizes) < 2 or "gloo" not in transports:
         refuse(
-            f"multihost.py: bad --links/--hosts value(s) {bad} or fewer than 2 --sizes "
-            f"({sizes}); links are {', '.join(LINKS)}, hosts >= 2"
+            f"multihost.py: bad --links/--hosts/--transports value(s) {bad}, fewer than 2 "
+            f"--sizes ({sizes}) or no gloo in --transports ({transports}); links are "
+            f"{', '.join(LINKS)}, hosts >= 2, transports gloo (the model's basis) and mpi"
         )
-    preflight()
+    preflight(transports)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
     remove_stale_namespaces()
@@ -810,6 +991,13 @@ def measure(args: argparse.Namespace, sizes: list[str]) -> tuple[dict, list[dict
                     )
                     got = run_job(lab, sizes, args.repeats, tmp, SCHED_PORT + len(runs))
                     runs.append({"hosts": n, "link": link, "probe": pr, **got})
+                    if "mpi" not in transports:
+                        continue
+                    if n > (os.cpu_count() or 1):
+                        print(f"  MPI skipped: {n} ranks on {os.cpu_count()} cores", flush=True)
+                        continue
+                    got = run_job_mpi(lab, sizes, args.repeats, tmp)
+                    runs.append({"hosts": n, "link": link, "probe": pr, **got})
     except KeyboardInterrupt as exc:
         sys.exit(f"multihost.py: interrupted ({exc}); namespaces and /etc/netns files removed")
     finally:
@@ -817,6 +1005,7 @@ def measure(args: argparse.Namespace, sizes: list[str]) -> tuple[dict, list[dict
     config = {
         "hosts": hosts,
         "links": links,
+        "transports": transports,
         "sizes": sizes,
         "repeats": args.repeats,
         "pieces": GROUP_PIECES,

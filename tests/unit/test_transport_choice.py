@@ -32,9 +32,19 @@ def local(host: str) -> bool:
         ([("localhost", 2)], 2, True, "mpi", 1.0),  # within the one core of slack
         ([("localhost", 2)], 16, True, "mpi", 12.0),  # busy, but enough free cores
         ([("localhost", 8)], None, True, "mpi", 50.0),  # unknown core count
-        # more than one machine: Gloo, whatever the counts
-        ([("localhost", 1), ("b", 1)], 64, True, "gloo", 0.0),
-        ([("a", 2), ("b", 2)], 64, True, "gloo", 0.0),
+        # more than one machine: MPI too, unless a host is oversubscribed
+        ([("localhost", 1), ("b", 1)], 64, True, "mpi", 0.0),
+        ([("a", 2), ("b", 2)], 64, True, "mpi", 0.0),
+        ([("a", 2), ("b", 2)], 2, True, "mpi", 0.0),  # as many per host as cores
+        ([("a", 2), ("b", 3)], 2, True, "gloo", 0.0),  # one host over
+        ([("a", 1), ("b", 1), ("a", 2)], 2, True, "gloo", 0.0),  # a's entries add up to 3
+        ([("a", 2), ("b", 2)], None, True, "mpi", 0.0),  # unknown core count
+        # ... and this machine's load counts only if the job runs processes here
+        ([("a", 2), ("b", 2)], 2, True, "mpi", 40.0),
+        ([("localhost", 2), ("b", 2)], 2, True, "gloo", 1.5),
+        ([("localhost", 2), ("b", 2)], 2, True, "mpi", 1.0),
+        ([("me", 1), ("127.0.0.1", 2), ("b", 2)], 2, True, "gloo", 0.0),  # 3 here
+        ([("a", 2), ("b", 2)], 64, False, "gloo", 0.0),  # no mpirun
         # no mpirun: Gloo
         ([("localhost", 2)], 2, False, "gloo", 0.0),
         ([("localhost", 1)], 64, False, "gloo", 0.0),
