@@ -7,6 +7,7 @@ the job non-zero, naming the rank, within a bounded time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -383,21 +384,19 @@ elif shutil.which("ip") is None:
     NETNS_REASON = "needs the 'ip' command (Debian package iproute2)"
 
 
-@pytest.fixture
-def two_hosts():
-    """Namespaces A (10.213.7.1) and B (10.213.7.2) joined by a veth pair."""
+@contextlib.contextmanager
+def namespace_pair(if_a: str, if_b: str):
+    """Namespaces A (10.213.7.1 on ``if_a``) and B (10.213.7.2 on ``if_b``), a veth pair apart."""
     tag = str(os.getpid() % 100000)
     a, b = f"hvdka{tag}", f"hvdkb{tag}"
     cmds = [
         f"ip netns add {a}",
         f"ip netns add {b}",
-        f"ip link add va{tag} type veth peer name vb{tag}",
-        f"ip link set va{tag} netns {a}",
-        f"ip link set vb{tag} netns {b}",
-        f"ip -n {a} addr add 10.213.7.1/24 dev va{tag}",
-        f"ip -n {b} addr add 10.213.7.2/24 dev vb{tag}",
-        f"ip -n {a} link set va{tag} up",
-        f"ip -n {b} link set vb{tag} up",
+        f"ip link add {if_a} netns {a} type veth peer name {if_b} netns {b}",
+        f"ip -n {a} addr add 10.213.7.1/24 dev {if_a}",
+        f"ip -n {b} addr add 10.213.7.2/24 dev {if_b}",
+        f"ip -n {a} link set {if_a} up",
+        f"ip -n {b} link set {if_b} up",
         f"ip -n {a} link set lo up",
         f"ip -n {b} link set lo up",
     ]
@@ -418,6 +417,14 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for path in hosts_files:
             shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """A pair whose interfaces have different names (va<tag>, vb<tag>): tests name the side."""
+    tag = str(os.getpid() % 100000)
+    with namespace_pair(f"va{tag}", f"vb{tag}") as hosts:
+        yield hosts
 
 
 @pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
@@ -443,3 +450,117 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
     code, out = finish(worker)
     assert code != 0
     assert f"host name '{socket.gethostname()}' resolves to 127.0.0.1" in out, out
+
+
+SSHD = Path("/usr/sbin/sshd")
+SSH_REASON = NETNS_REASON or (
+    None if SSHD.exists() and shutil.which("ssh") else "needs OpenSSH's sshd and ssh"
+)
+
+
+@pytest.fixture
+def ssh_hosts(tmp_path):
+    """Two namespaces with an sshd in each, and a ``bin`` folder whose ``ssh`` reaches them.
+
+    Both interfaces are named eth0, as horovodrun requires across machines (it
+    looks for an interface name that every host has).
+
+    The key, host key and configs live in tmp_path; put ``<tmp_path>/ssh/bin``
+    first on PATH and ``ssh 10.213.7.2 cmd`` runs ``cmd`` in namespace B, as
+    horovodrun and mpirun reach another machine.
+    """
+    d = tmp_path / "ssh"
+    (d / "bin").mkdir(parents=True)
+    for name in ("key", "hostkey"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True
+        )
+    (d / "authorized_keys").write_text((d / "key.pub").read_text())
+    (d / "ssh_config").write_text(
+        f"Host *\n  IdentityFile {d / 'key'}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+        "  UserKnownHostsFile /dev/null\n  StrictHostKeyChecking no\n  LogLevel ERROR\n"
+    )
+    ssh = d / "bin" / "ssh"
+    ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {d / "ssh_config"} "$@"\n')
+    ssh.chmod(0o755)
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
+    daemons, logs = [], []
+    with contextlib.ExitStack() as stack:
+        two_hosts = stack.enter_context(namespace_pair("eth0", "eth0"))
+        stack.callback(_stop_daemons, daemons, logs)
+        for ns, ip in zip(two_hosts, ("10.213.7.1", "10.213.7.2"), strict=True):
+            conf = d / f"sshd_{ns}.conf"
+            conf.write_text(
+                f"ListenAddress {ip}\nHostKey {d / 'hostkey'}\n"
+                f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+                f"PasswordAuthentication no\nStrictModes no\nUsePAM no\nPidFile none\n"
+            )
+            logs.append(open(d / f"sshd_{ns}.log", "w"))
+            daemons.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", ns, str(SSHD), "-D", "-e", "-f", str(conf)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=logs[-1],
+                )
+            )
+        for ns, ip in zip(two_hosts, ("10.213.7.2", "10.213.7.1"), strict=True):
+            # each daemon answers before the test starts (an ordering fact, not a sleep)
+            for _ in range(600):  # up to a minute for sshd to listen
+                probe = subprocess.run(
+                    ["ip", "netns", "exec", ns, str(ssh), ip, "ip -o -4 addr show"],
+                    capture_output=True,
+                    text=True,
+                )
+                if probe.returncode == 0:
+                    break
+                time.sleep(0.1)
+            assert ip in probe.stdout, (ns, ip, probe.stdout, probe.stderr)
+        yield two_hosts, d / "bin"
+
+
+def _stop_daemons(daemons: list[subprocess.Popen], logs: list) -> None:
+    for proc in daemons:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for log in logs:
+        log.close()
+
+
+@pytest.mark.skipif(SSH_REASON is not None, reason=SSH_REASON or "")
+def test_hvdkitrun_across_two_hosts_over_ssh_default_and_gloo(tmp_path, ssh_hosts):
+    """hvdkitrun -H over SSH, as on two machines: the default (MPI across hosts) and --gloo.
+
+    Each host runs one rank (Horovod sees local size 1 on both), and both
+    transports end with the weights of the same job on one machine.
+    """
+    (a, _), ssh_bin = ssh_hosts
+    hosts = "10.213.7.1:1,10.213.7.2:1"
+    results = {}
+    for name, flags in {"default": [], "gloo": ["--gloo"]}.items():
+        outdir = tmp_path / name
+        outdir.mkdir()
+        cmd = ["hvdkitrun", "-np", "2", "-H", hosts, *flags, PY, TRAIN, str(outdir)]
+        env = launcher_env()
+        env["PATH"] = f"{ssh_bin}{os.pathsep}{env['PATH']}"
+        proc = subprocess.run(
+            ["ip", "netns", "exec", a, *cmd],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=HANG_S,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, (name, out[-3000:])
+        assert "rank 0 of 2 (local 0/1)" in out and "rank 1 of 2 (local 0/1)" in out, out[-3000:]
+        announced = re.findall(r"hvdkitrun: transport (\w+) \(2 processes", out)
+        assert announced == ([] if flags else ["mpi"]), (name, announced)
+        results[name] = weights(outdir)
+    local = tmp_path / "one-machine"
+    local.mkdir()
+    proc = run(["hvdkitrun", "-np", "2", "--gloo", PY, TRAIN, str(local)], tmp_path)
+    assert proc.returncode == 0, proc.output[-3000:]
+    ref = weights(local)[0]
+    for name, (w0, w1) in results.items():
+        np.testing.assert_array_equal(w0, w1, err_msg=f"{name}: ranks differ")
+        np.testing.assert_allclose(w0, ref, rtol=1e-6, err_msg=f"{name}: differs from one machine")
