@@ -194,6 +194,30 @@ def test_hvdkitrun_prefixes_lines(tmp_path):
     assert "[rank 0] hi 0 gloo" in proc.stdout and "[rank 1] hi 1 gloo" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "transport, given, seen",
+    [("mpi", None, "1"), ("mpi", "0", "0"), ("gloo", None, "None")],
+)
+def test_hvdkitrun_mpi_ranks_yield_while_waiting(tmp_path, transport, given, seen):
+    """MPI jobs get OMPI_MCA_mpi_yield_when_idle=1 (transport.MPI_ENV) unless the user set it."""
+    env = launcher_env()
+    env.pop("OMPI_MCA_mpi_yield_when_idle", None)  # the suite sets it for every job
+    if given is not None:
+        env["OMPI_MCA_mpi_yield_when_idle"] = given
+    show = "import os; print('yield', os.environ.get('OMPI_MCA_mpi_yield_when_idle'))"
+    proc = subprocess.run(
+        ["hvdkitrun", "-np", "2", f"--{transport}", PY, "-c", show],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=HANG_S,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if "] yield " in line)
+    assert lines == [f"[rank 0] yield {seen}", f"[rank 1] yield {seen}"], proc.stdout
+
+
 def test_hvdkitrun_argument_errors(tmp_path):
     hv = str(VENV_BIN / "hvdkitrun")
     for args, fragment in [

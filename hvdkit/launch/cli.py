@@ -30,7 +30,7 @@ from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
-from .transport import busy_cores, choose_transport
+from .transport import MPI, MPI_ENV, busy_cores, choose_transport
 
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -194,8 +194,11 @@ def run(argv: list[str] | None = None) -> int:
         env[config.CHECKPOINT_DIR] = checkpoint_dir
     for key, value in horovod_stall_env(stall).items():
         env.setdefault(key, value)
-    if os.geteuid() == 0 and transport == "mpi":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if transport == MPI:
+        for key, value in MPI_ENV.items():
+            env.setdefault(key, value)
+        if os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     host_arg = ",".join(f"{h}:{s}" for h, s in hosts)
     cmd = [
         horovodrun,

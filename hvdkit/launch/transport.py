@@ -34,6 +34,14 @@ import time
 from collections.abc import Callable, Sequence
 
 GLOO, MPI = "gloo", "mpi"
+# Set for every MPI job hvdkitrun starts, unless the user's environment sets it:
+# a rank waiting in an MPI call gives its core away instead of spinning on it.
+# Horovod's background thread of the rank that is not the coordinator waits in
+# MPI for the next negotiation cycle, so with Open MPI's default it spins a
+# whole core (measured: 0.99 of a core in an idle 2-rank job) that the rank's
+# own TensorFlow compute needs; yielding made the 2-process training step
+# ~1.4x faster (docs/performance.md, "Open MPI's waiting ranks").
+MPI_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # Cores' worth of other load tolerated before MPI's busy-polling is avoided: an
 # idle desktop or a CI runner shows a load of 0.1-1 without being busy.
 BUSY_SLACK = 1.0
