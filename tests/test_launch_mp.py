@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 
 from hvdkit.launch.transport import choose_transport
 
-from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env
+from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env, run_bounded
 
 TRAIN = str(MULTIPROC / "launch_train.py")
 SCHEDULER_SH = str(REPO / "examples" / "cluster" / "run_scheduler.sh")
@@ -438,6 +439,13 @@ def namespace_pair(if_a: str, if_b: str):
         yield a, b
     finally:
         for ns in (a, b):
+            # what still runs there is this test's (e.g. ranks an sshd session left)
+            listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            for pid in listed.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for path in hosts_files:
             shutil.rmtree(path.parent, ignore_errors=True)
@@ -477,8 +485,11 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
 
 
 SSHD = Path("/usr/sbin/sshd")
+SSH_TOOLS = ("ssh", "ssh-keygen", "mpirun")
 SSH_REASON = NETNS_REASON or (
-    None if SSHD.exists() and shutil.which("ssh") else "needs OpenSSH's sshd and ssh"
+    None
+    if SSHD.exists() and all(shutil.which(t) for t in SSH_TOOLS)
+    else f"needs OpenSSH's sshd, and {', '.join(SSH_TOOLS)} on PATH"
 )
 
 
@@ -503,6 +514,7 @@ def ssh_hosts(tmp_path):
     (d / "ssh_config").write_text(
         f"Host *\n  IdentityFile {d / 'key'}\n  IdentitiesOnly yes\n  BatchMode yes\n"
         "  UserKnownHostsFile /dev/null\n  StrictHostKeyChecking no\n  LogLevel ERROR\n"
+        "  ConnectTimeout 10\n"
     )
     ssh = d / "bin" / "ssh"
     ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {d / "ssh_config"} "$@"\n')
@@ -527,27 +539,38 @@ def ssh_hosts(tmp_path):
                     stderr=logs[-1],
                 )
             )
-        for ns, ip in zip(two_hosts, ("10.213.7.2", "10.213.7.1"), strict=True):
+        a, b = two_hosts
+        pairs = ((a, b, "10.213.7.2", daemons[1]), (b, a, "10.213.7.1", daemons[0]))
+        for client, server, ip, daemon in pairs:
             # each daemon answers before the test starts (an ordering fact, not a sleep)
             for _ in range(600):  # up to a minute for sshd to listen
                 probe = subprocess.run(
-                    ["ip", "netns", "exec", ns, str(ssh), ip, "ip -o -4 addr show"],
+                    ["ip", "netns", "exec", client, str(ssh), ip, "ip -o -4 addr show"],
                     capture_output=True,
                     text=True,
+                    timeout=60,
                 )
-                if probe.returncode == 0:
+                if probe.returncode == 0 or daemon.poll() is not None:
                     break
                 time.sleep(0.1)
-            assert ip in probe.stdout, (ns, ip, probe.stdout, probe.stderr)
+            sshd_log = (d / f"sshd_{server}.log").read_text()
+            assert ip in probe.stdout, (client, ip, probe.stdout, probe.stderr, sshd_log)
         yield two_hosts, d / "bin"
 
 
 def _stop_daemons(daemons: list[subprocess.Popen], logs: list) -> None:
-    for proc in daemons:
-        proc.terminate()
-        proc.wait(timeout=30)
-    for log in logs:
-        log.close()
+    try:
+        for proc in daemons:
+            proc.terminate()
+        for proc in daemons:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    finally:
+        for log in logs:
+            log.close()
 
 
 @pytest.mark.skipif(SSH_REASON is not None, reason=SSH_REASON or "")
@@ -566,16 +589,10 @@ def test_hvdkitrun_across_two_hosts_over_ssh_default_and_gloo(tmp_path, ssh_host
         cmd = ["hvdkitrun", "-np", "2", "-H", hosts, *flags, PY, TRAIN, str(outdir)]
         env = launcher_env()
         env["PATH"] = f"{ssh_bin}{os.pathsep}{env['PATH']}"
-        proc = subprocess.run(
-            ["ip", "netns", "exec", a, *cmd],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=HANG_S,
+        code, out, timed_out = run_bounded(
+            ["ip", "netns", "exec", a, *cmd], HANG_S, env=env, cwd=tmp_path
         )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, (name, out[-3000:])
+        assert code == 0 and not timed_out, (name, out[-3000:])
         assert "rank 0 of 2 (local 0/1)" in out and "rank 1 of 2 (local 0/1)" in out, out[-3000:]
         announced = re.findall(r"hvdkitrun: transport (\w+) \(2 processes", out)
         assert announced == ([] if flags else ["mpi"]), (name, announced)

@@ -5,8 +5,10 @@
     hvdkitrun -np 2 --max-restarts 2 python train.py   # restart a failed job twice
     HVDKIT_ROLE=scheduler hvdkitrun ...        # see hvdkit.launch.roles
 
-What it adds to horovodrun: rank-prefixed console output and per-rank log
-files; the Open MPI run-as-root flags only when running as root; an exit
+What it adds to horovodrun: a default transport from a measured rule
+(``transport.choose_transport``); for MPI jobs, ranks that yield their core
+while waiting (``transport.MPI_ENV``); rank-prefixed console output and
+per-rank log files; the Open MPI run-as-root flags only when running as root; an exit
 status that names the failing rank and its last lines once every other rank
 has been stopped; a stall timeout, so that a rank which stops making
 progress ends the job instead of hanging it; and, with ``--max-restarts N``,
@@ -124,6 +126,44 @@ def _is_local(host: str) -> bool:
     return host in LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
 
 
+def _is_this_machine(host: str) -> bool:
+    """``_is_local``, or a name that resolves to one of this machine's addresses.
+
+    ``-H 10.0.0.1:2,10.0.0.2:2`` started on 10.0.0.1 runs two processes here: an
+    address can be bound only by the machine that has it (no packet is sent).
+    """
+    if _is_local(host):
+        return True
+    try:
+        addresses = socket.gethostbyname_ex(host)[2]
+    except OSError:
+        return False
+    for address in addresses:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((address, 0))
+            except OSError:
+                continue
+            return True
+    return False
+
+
+def placed(hosts: list[tuple[str, int]], np_: int) -> list[tuple[str, int]]:
+    """``(host, processes)`` as horovodrun places ``np_`` processes: each host's slots in turn.
+
+    Example:
+        >>> placed([("a", 4), ("b", 4)], 2)
+        [('a', 2)]
+    """
+    out, left = [], np_
+    for host, slots in hosts:
+        n = min(slots, left)
+        if n:
+            out.append((host, n))
+        left -= n
+    return out
+
+
 def _address_seen_by(host: str) -> str:
     """Our IP address on the route towards ``host`` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -153,17 +193,23 @@ def run(argv: list[str] | None = None) -> int:
     np_, hosts = plan(args)
     transport, announce = args.transport, ""
     if transport is None:
-        busy = busy_cores(os.cpu_count())
-        # rounded as announced, so the message shows exactly what the rule saw
-        load = round(os.getloadavg()[0] if busy is None else busy, 1)
+        layout = placed(hosts, np_)
+        mpi_available = processes.find_tool("mpirun") is not None
+        load, seen = 0.0, "no mpirun"
+        if mpi_available and not any(_is_this_machine(h) for h, _ in layout):
+            seen = "none of them here"  # this machine's load cannot matter
+        elif mpi_available:
+            busy = busy_cores(os.cpu_count())
+            # rounded as announced, so the message shows exactly what the rule saw
+            load = round(os.getloadavg()[0] if busy is None else busy, 1)
+            seen = f"load average {load:.1f}" if busy is None else f"{load:.1f} busy"
         transport = choose_transport(  # the rule: docs/performance.md
-            hosts,
+            layout,
             cores=os.cpu_count(),
             load=load,
-            mpi_available=processes.find_tool("mpirun") is not None,
-            is_local=_is_local,
+            mpi_available=mpi_available,
+            is_local=_is_this_machine,
         )
-        seen = f"load average {load:.1f}" if busy is None else f"{load:.1f} busy"
         other = "--gloo" if transport == "mpi" else "--mpi"
         announce = (
             f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "

@@ -16,10 +16,11 @@ The rule and the measurements behind it are in docs/performance.md; in short:
   machine, while Gloo's blocking sockets degrade gracefully;
 - processes on more than one machine: **MPI** as well, unless a host would
   run more processes than this machine has cores (the other hosts are taken
-  to be like this one). Between simulated hosts (network namespaces, Open
-  MPI's TCP transport against Gloo's) Horovod over MPI was faster in most
-  gradient sizes and link speeds, and several times faster with fp16
-  compression (Gloo sums float16 slowly); the figures, and where Gloo was
+  to be like this one), or this machine runs some of them and is busy as
+  above. Between simulated hosts (network namespaces, Open MPI's TCP
+  transport against Gloo's) Horovod over MPI was faster in most gradient
+  sizes and link speeds, and several times faster with fp16 compression on
+  fast links (Gloo sums float16 slowly); the figures, and where Gloo was
   faster, are in docs/performance.md. It needs what ``horovodrun --mpi`` needs:
   password-less ssh (as Gloo across machines does) and Open MPI at the same
   path on every host; ``--gloo`` otherwise;

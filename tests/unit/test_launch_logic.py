@@ -318,3 +318,27 @@ def test_every_reported_ending_is_kept_per_rank():
         2: "exit code 137 (SIGKILL)"
     }
     assert failures.reported_endings(["all is well"]) == {}
+
+
+@pytest.mark.parametrize(
+    "hosts, np_, expected",
+    [
+        ([("a", 4), ("b", 4)], 2, [("a", 2)]),  # horovodrun fills the first host's slots
+        ([("a", 2), ("b", 2)], 3, [("a", 2), ("b", 1)]),
+        ([("a", 1), ("b", 1)], 2, [("a", 1), ("b", 1)]),
+        ([("localhost", 2)], 2, [("localhost", 2)]),
+    ],
+)
+def test_placed_is_where_horovodrun_puts_the_processes(hosts, np_, expected):
+    assert cli.placed(hosts, np_) == expected
+
+
+def test_this_machine_includes_its_own_addresses_not_others():
+    import socket
+
+    assert cli._is_this_machine("localhost")
+    assert cli._is_this_machine("127.0.0.1")
+    assert cli._is_this_machine(socket.gethostname())
+    # an address another machine has (TEST-NET-1, never assigned) and an unknown name
+    assert not cli._is_this_machine("192.0.2.1")
+    assert not cli._is_this_machine("no-such-host.invalid")
