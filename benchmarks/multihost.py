@@ -1,6 +1,6 @@
 """Gradient allreduce across simulated hosts (network namespaces), and a ring-allreduce model.
 
-    sudo .venv/bin/python benchmarks/multihost.py                     # full run, ~6 min
+    sudo .venv/bin/python benchmarks/multihost.py                     # full run, ~5 min
     sudo .venv/bin/python benchmarks/multihost.py --hosts 2 --links 1gbit --sizes 1M,4M --repeats 2
 
 Needs root, ``ip`` and ``tc`` (iproute2); refuses with exit status 2 otherwise.
@@ -20,11 +20,14 @@ Per host count and link setting:
 
 * probe: a TCP ping-pong of 1 byte between host 0 and host 1 (median round trip)
   and a bulk TCP transfer (achieved rate: checks the shaping);
-* job: hvdkit's scheduler/worker launch (``examples/cluster/run_scheduler.sh`` in
-  host 0, ``run_workers.sh 1`` in every host; Gloo over the veths), one rank per
-  host. Each rank times ``hvdkit.reduce_gradients`` inside a ``tf.function`` (the
-  gradient path of ``DistributedOptimizer``: one grouped allreduce of a gradient
-  list, with the step marker) for gradient lists of ``--sizes`` bytes of float32
+* jobs, one rank per host: Gloo through hvdkit's scheduler/worker launch
+  (``examples/cluster/run_scheduler.sh`` in host 0, ``run_workers.sh 1`` in every
+  host); and, with ``--transports gloo,mpi`` (the default) where hosts <= cores,
+  MPI through ``mpirun`` in host 0 with a launch agent in ssh's place that runs
+  Open MPI's daemon in each host's namespace (Open MPI's TCP transport). Each
+  rank times ``hvdkit.reduce_gradients`` inside a ``tf.function`` (the gradient
+  path of ``DistributedOptimizer``: one grouped allreduce of a gradient list,
+  with the step marker) for gradient lists of ``--sizes`` bytes of float32
   split in 8 tensors, without and with ``hvdkit.Compression.fp16``, interleaved
   call by call; the median of ``--repeats`` calls after 2 warm-up calls, slowest rank.
 
@@ -34,9 +37,11 @@ alpha takes ``2(n-1)/n * S/B + 2(n-1) * alpha`` (Gloo's allreduce is a ring).
 One gradient step costs ``c + ring(S) + ring(0)``: ``c`` is the per-call cost in
 the processes (TensorFlow, Horovod's fusion copy and cycle), and ``ring(0)`` is
 Horovod's negotiation, itself a small Gloo allreduce every cycle. ``B`` and ``c``
-are fitted by least squares to the 2-host figures of each link setting; ``alpha``
-is half the probe's round trip, plus half the modelled RTT. The fit is checked
-against the measured 4-host figures. Scaling efficiency of a step of compute
+are fitted by least squares to the 2-host figures of each link setting (Gloo's,
+and separately MPI's, whose allreduce is taken to scale as a ring too); ``alpha``
+is half the probe's round trip, plus half the modelled RTT. The Gloo fit is
+checked against the measured 4-host figures. MPI's time over Gloo's is printed
+per link, size and compression. Scaling efficiency of a step of compute
 time ``t`` is ``t / (t + exposed)``; without overlap ``exposed`` is the whole
 allreduce (hvdkit's case: the grouped allreduce starts after the backward pass),
 with overlap it is what exceeds the backward pass (2/3 of ``t``), an upper bound.
@@ -119,7 +124,8 @@ def ring_allreduce_seconds(nbytes: float, hosts: int, bandwidth: float, alpha: f
 def step_allreduce_seconds(
     nbytes: float, hosts: int, bandwidth: float, alpha: float, per_call: float
 ) -> float:
-    """One gradient step's allreduce in Horovod over Gloo: ``c + ring(S) + ring(0)``.
+    """One gradient step's allreduce in Horovod: ``c + ring(S) + ring(0)`` (Gloo's ring; MPI's
+    rows take its allreduce to scale the same way).
 
     ``per_call`` (c) is the cost inside the processes; ``ring(0)`` is Horovod's
     negotiation (a Gloo allreduce of a small bit vector every cycle).
@@ -201,7 +207,10 @@ def preflight(transports: Sequence[str]) -> None:
         if shutil.which(tool) is None:
             missing.append(f"the '{tool}' command (Debian package iproute2)")
     if "mpi" in transports and shutil.which("mpirun") is None:
-        missing.append("Open MPI's mpirun for --transports mpi (Debian package openmpi-bin)")
+        missing.append(
+            "Open MPI's mpirun for the MPI runs (Debian package openmpi-bin), "
+            "or pass --transports gloo"
+        )
     if not (BIN / "hvdkitrun").exists():
         missing.append(f"hvdkitrun next to {sys.executable} (run scripts/install.sh)")
     if missing:
@@ -478,7 +487,7 @@ def worker(sizes: list[str], repeats: int, out: str) -> None:
         Path(out).write_text(json.dumps(info))
 
 
-def _job_env(lab: Lab) -> dict:
+def _job_env() -> dict:
     return dict(
         os.environ,
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -501,17 +510,15 @@ def _worker_argv(sizes: list[str], repeats: int, out: Path) -> list[str]:
     ]
 
 
-def _finish(procs: list[subprocess.Popen], out: Path, tmp: Path, what: str) -> dict:
-    """Wait for the job's processes (bounded); its result, or an error with the logs' tails."""
+def _finish(procs: list[subprocess.Popen], out: Path, logs: list[Path], what: str) -> dict:
+    """Wait for the job's processes (bounded); its result, or an error with its logs' tails."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     for proc in procs:
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     codes = [p.returncode for p in procs]
     if any(codes) or not out.exists():
-        logs = "\n".join(
-            f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp.glob("*.log"))
-        )
-        raise RuntimeError(f"the {what} allreduce job failed (exit codes {codes}):\n{logs}")
+        tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs)
+        raise RuntimeError(f"the {what} allreduce job failed (exit codes {codes}):\n{tails}")
     return json.loads(out.read_text())
 
 
@@ -520,7 +527,7 @@ def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> d
     out = tmp / "job.json"
     out.unlink(missing_ok=True)
     env = dict(
-        _job_env(lab),
+        _job_env(),
         HVDKIT_SCHED_HOST=lab.addrs[0],
         HVDKIT_SCHED_PORT=str(port),
         HVDKIT_JOB_TOKEN=secrets.token_hex(16),
@@ -528,14 +535,15 @@ def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> d
         HVDKIT_SCHED_TIMEOUT="300",
     )
     cluster = REPO / "examples" / "cluster"
-    sched = lab.start(lab.names[0], [str(cluster / "run_scheduler.sh")], env, tmp / "sched.log")
+    logs = [tmp / "sched.log", *(tmp / f"worker{i}.log" for i in range(len(lab.names)))]
+    sched = lab.start(lab.names[0], [str(cluster / "run_scheduler.sh")], env, logs[0])
     time.sleep(0.5)
     me = _worker_argv(sizes, repeats, out)
     workers = [
-        lab.start(ns, [str(cluster / "run_workers.sh"), "1", *me], env, tmp / f"worker{i}.log")
-        for i, ns in enumerate(lab.names)
+        lab.start(ns, [str(cluster / "run_workers.sh"), "1", *me], env, log)
+        for ns, log in zip(lab.names, logs[1:], strict=True)
     ]
-    return _finish([*workers, sched], out, tmp, "Gloo")
+    return _finish([*workers, sched], out, logs, "Gloo")
 
 
 def write_launch_agent(lab: Lab, path: Path) -> Path:
@@ -567,8 +575,8 @@ def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
     Open MPI's TCP transport between the hosts (``btl tcp,self``): all the
     namespaces share this machine's name and /dev/shm, so Open MPI would
     otherwise take them for one node and pass messages through shared memory,
-    which separate hosts cannot. Open MPI's settings of ``MPI_ENV``, as hvdkitrun
-    gives them. ``--bind-to none``, as horovodrun passes: each
+    which separate hosts cannot. ``MPI_ENV`` in the environment (ranks yield while
+    waiting), as hvdkitrun gives it. ``--bind-to none``, as horovodrun passes: each
     simulated host's daemon would otherwise bind its one rank to core 0, all
     of them to the same core (measured: 24 ms for a 400 KB allreduce of Open
     MPI alone instead of 0.26 ms).
@@ -593,16 +601,18 @@ def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
         *("--mca", "oob_tcp_if_include", "eth0"),
         *("-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"),
     ]
-    for key, value in MPI_ENV.items():  # what hvdkitrun gives every MPI job
-        mpirun += ["--mca", key.removeprefix("OMPI_MCA_"), value]
+    env = _job_env()
+    for key, value in MPI_ENV.items():  # as hvdkitrun gives every MPI job (yours wins)
+        env.setdefault(key, value)
     argv = [*mpirun, *_worker_argv(sizes, repeats, out)]
-    job = lab.start(lab.names[0], argv, _job_env(lab), tmp / "mpirun.log")
-    return _finish([job], out, tmp, "MPI")
+    log = tmp / "mpirun.log"
+    job = lab.start(lab.names[0], argv, env, log)
+    return _finish([job], out, [log], "MPI")
 
 
 # ----------------------------------------------------------------- analysis
 def transport_of(run: dict) -> str:
-    return run.get("transport", "gloo")  # runs recorded before MPI was measured are Gloo's
+    return run.get("transport", "gloo")  # JSON older than the worker's "transport" key: Gloo
 
 
 def mpi_over_gloo(runs: list[dict], sizes: list[str]) -> dict[str, dict[str, float]]:
@@ -943,6 +953,9 @@ def main() -> None:
         config, runs = old["config"], old["runs"]
     else:
         config, runs = measure(args, sizes)
+        # the measurements first, so that a failing analysis does not lose them
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"config": config, "runs": runs}, indent=2))
     analysis = analyse(runs, config["sizes"])
     print_report(runs, config["sizes"], analysis)
     print_accumulation(analysis)
@@ -969,11 +982,17 @@ def measure(args: argparse.Namespace, sizes: list[str]) -> tuple[dict, list[dict
     transports = [t.strip() for t in args.transports.split(",")]
     bad = [x for x in links if x not in LINKS] + [str(h) for h in hosts if h < 2]
     bad += [t for t in transports if t not in TRANSPORTS]
-    if bad or len(sizes) < 2 or "gloo" not in transports:
+    if bad:
         refuse(
-            f"multihost.py: bad --links/--hosts/--transports value(s) {bad}, fewer than 2 "
-            f"--sizes ({sizes}) or no gloo in --transports ({transports}); links are "
-            f"{', '.join(LINKS)}, hosts >= 2, transports gloo (the model's basis) and mpi"
+            f"multihost.py: bad --links/--hosts/--transports value(s) {bad}; links are "
+            f"{', '.join(LINKS)}, hosts >= 2, transports {', '.join(TRANSPORTS)}"
+        )
+    if len(sizes) < 2:
+        refuse(f"multihost.py: --sizes {','.join(sizes)} has fewer than 2 sizes (the fit needs 2)")
+    if "gloo" not in transports:
+        refuse(
+            f"multihost.py: --transports {','.join(transports)} lacks gloo, the model's basis "
+            "and the reference of MPI's ratios; add it"
         )
     preflight(transports)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

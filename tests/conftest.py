@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hvdkit.launch.transport import MPI_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 MULTIPROC = Path(__file__).resolve().parent / "multiproc"
 VENV_BIN = Path(sys.executable).parent
@@ -24,8 +26,10 @@ def launcher_env() -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The suite runs two test files side by side (pytest-xdist), so up to 4
     # ranks share 2 cores; Open MPI's ranks busy-poll by default and starve
-    # their peers when oversubscribed. Yielding keeps MPI jobs from collapsing.
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    # their peers when oversubscribed. Yielding keeps MPI jobs from collapsing
+    # (hvdkitrun sets it too; plain mpirun/horovodrun jobs of the tests need it).
+    for key, value in MPI_ENV.items():
+        env.setdefault(key, value)
     if os.geteuid() == 0:  # Open MPI refuses root without these
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"

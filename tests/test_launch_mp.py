@@ -201,11 +201,12 @@ def test_hvdkitrun_prefixes_lines(tmp_path):
 )
 def test_hvdkitrun_mpi_ranks_yield_while_waiting(tmp_path, transport, given, seen):
     """MPI jobs get OMPI_MCA_mpi_yield_when_idle=1 (transport.MPI_ENV) unless the user set it."""
+    name = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: the test does not trust MPI_ENV
     env = launcher_env()
-    env.pop("OMPI_MCA_mpi_yield_when_idle", None)  # the suite sets it for every job
+    env.pop(name, None)  # the suite sets it for every job
     if given is not None:
-        env["OMPI_MCA_mpi_yield_when_idle"] = given
-    show = "import os; print('yield', os.environ.get('OMPI_MCA_mpi_yield_when_idle'))"
+        env[name] = given
+    show = f"import os; print('yield', os.environ.get({name!r}))"
     proc = subprocess.run(
         ["hvdkitrun", "-np", "2", f"--{transport}", PY, "-c", show],
         capture_output=True,

@@ -67,3 +67,52 @@ def test_bad_inputs_are_refused():
         mh.fit_line([1.0, 1.0], [2.0, 3.0])
     with pytest.raises(ValueError, match="slope"):
         mh.fit_alpha_beta([1e6, 2e6], [0.01, 0.005], 2, 0.0)
+
+
+def _run(transport, link, scale, hosts=2):
+    """A run of the benchmark's JSON whose times are ``scale`` x (1 ms per MB + 2 ms)."""
+    seconds = {
+        c: {s: scale * (1e-3 * mb + 2e-3) for s, mb in (("1M", 1), ("4M", 4))}
+        for c in mh.COMPRESSIONS
+    }
+    run = {"hosts": hosts, "link": link, "probe": {"rtt_s": 40e-6}, "seconds": seconds}
+    if transport is not None:
+        run["transport"] = transport
+    return run
+
+
+def test_mpi_over_gloo_pairs_runs_by_hosts_and_link():
+    runs = [_run("gloo", "veth", 1.0), _run("mpi", "veth", 0.5), _run("gloo", "1gbit", 1.0)]
+    got = mh.mpi_over_gloo(runs, ["1M", "4M"])
+    assert got == {
+        "2/veth/none": {"1M": pytest.approx(0.5), "4M": pytest.approx(0.5)},
+        "2/veth/fp16": {"1M": pytest.approx(0.5), "4M": pytest.approx(0.5)},
+    }  # 1gbit has no MPI run: no ratio
+
+
+def test_runs_without_a_transport_are_gloo_and_mpi_stays_out_of_the_gloo_fits():
+    assert mh.transport_of(_run(None, "veth", 1.0)) == "gloo"
+    sizes = ["1M", "4M"]
+    gloo_only = mh.analyse([_run(None, "10gbit", 1.0)], sizes)
+    both = mh.analyse([_run(None, "10gbit", 1.0), _run("mpi", "10gbit", 0.25)], sizes)
+    assert both["fits"] == gloo_only["fits"]
+    assert both["predictions"] == gloo_only["predictions"]
+    assert gloo_only["mpi_fits"] == {} and gloo_only["mpi_predictions"] == []
+    # MPI's own fit: 4x Gloo's bandwidth for a quarter of the time
+    assert both["mpi_fits"]["2/10gbit/none"]["bandwidth"] == pytest.approx(
+        4 * both["fits"]["2/10gbit/none"]["bandwidth"]
+    )
+    assert {r["link"] for r in both["mpi_predictions"]} == {"10gbit"}
+
+
+def test_svg_text_is_escaped(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    runs = [_run("gloo", "veth", 1.0), _run("mpi", "veth", 0.5)]
+    analysis = mh.analyse(runs, ["1M", "4M"])
+    path = tmp_path / "x.svg"
+    mh.svg_plot(runs, ["1M", "4M"], analysis, path)
+    root = ET.parse(path).getroot()  # a '<' left unescaped would not parse
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "< 1: MPI faster" in texts
+    assert root.get("width") == "1320"  # the third panel is drawn
