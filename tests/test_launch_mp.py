@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
-from hvdkit.launch.transport import choose_transport
+from hvdkit.launch.transport import choose_transport, ranks_yield
 
 from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env, run_bounded
 
@@ -160,6 +160,7 @@ def test_same_weights_under_every_launcher(tmp_path):
                 load=float(said[0][2]),
                 mpi_available=True,
                 is_local=lambda host: True,
+                ranks_yield=ranks_yield(launcher_env()),
             )
             assert said[0][0] == rule, said
         else:
@@ -195,29 +196,41 @@ def test_hvdkitrun_prefixes_lines(tmp_path):
     assert "[rank 0] hi 0 gloo" in proc.stdout and "[rank 1] hi 1 gloo" in proc.stdout
 
 
+YIELD = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: these tests do not trust MPI_ENV
+
+
+def hvdkitrun_with_yield(given: str | None, argv: list[str], tmp_path):
+    """``hvdkitrun *argv`` with ``YIELD`` set to ``given``, or unset (the suite sets it)."""
+    env = launcher_env()
+    env.pop(YIELD, None)
+    if given is not None:
+        env[YIELD] = given
+    proc = subprocess.run(
+        ["hvdkitrun", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=HANG_S
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 @pytest.mark.parametrize(
     "transport, given, seen",
     [("mpi", None, "1"), ("mpi", "0", "0"), ("gloo", None, "None")],
 )
 def test_hvdkitrun_mpi_ranks_yield_while_waiting(tmp_path, transport, given, seen):
     """MPI jobs get OMPI_MCA_mpi_yield_when_idle=1 (transport.MPI_ENV) unless the user set it."""
-    name = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: the test does not trust MPI_ENV
-    env = launcher_env()
-    env.pop(name, None)  # the suite sets it for every job
-    if given is not None:
-        env[name] = given
-    show = f"import os; print('yield', os.environ.get({name!r}))"
-    proc = subprocess.run(
-        ["hvdkitrun", "-np", "2", f"--{transport}", PY, "-c", show],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=HANG_S,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = f"import os; print('yield', os.environ.get({YIELD!r}))"
+    proc = hvdkitrun_with_yield(given, ["-np", "2", f"--{transport}", PY, "-c", show], tmp_path)
     lines = sorted(line for line in proc.stdout.splitlines() if "] yield " in line)
     assert lines == [f"[rank 0] yield {seen}", f"[rank 1] yield {seen}"], proc.stdout
+
+
+@pytest.mark.parametrize("given, expected", [(None, "mpi"), ("0", "gloo")])
+def test_hvdkitrun_default_with_more_processes_than_cores(tmp_path, given, expected):
+    """Oversubscribed: MPI while its ranks yield (hvdkitrun's default), Gloo if they spin."""
+    np_ = (os.cpu_count() or 1) + 2
+    proc = hvdkitrun_with_yield(given, ["-np", str(np_), PY, "-c", "pass"], tmp_path)
+    said = re.findall(rf"hvdkitrun: transport (\w+) \({np_} processes, ", proc.stderr)
+    assert said == [expected], proc.stderr
 
 
 def test_hvdkitrun_argument_errors(tmp_path):

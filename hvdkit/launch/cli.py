@@ -32,7 +32,7 @@ from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
-from .transport import MPI, MPI_ENV, busy_cores, choose_transport
+from .transport import MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
 
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -209,6 +209,7 @@ def run(argv: list[str] | None = None) -> int:
             load=load,
             mpi_available=mpi_available,
             is_local=_is_this_machine,
+            ranks_yield=ranks_yield(os.environ),
         )
         other = "--gloo" if transport == "mpi" else "--mpi"
         announce = (

@@ -2,28 +2,23 @@
 
 The rule and the measurements behind it are in docs/performance.md; in short:
 
-- every process on this machine, free cores for them (see below), and Open MPI's
-  ``mpirun`` installed: **MPI** (shared-memory transport; the raw Horovod
-  training loop ran 1.36x faster than over Gloo, and a 400 KB allreduce ~4x
-  faster, on an otherwise quiet 2-core machine);
-- one machine without free cores for the job, that is more processes than
-  cores, or the job's processes plus the cores busy with other work (measured
-  over half a second as the job starts, :func:`busy_cores`) exceeding the
-  cores by more than one: **Gloo**. Open MPI's shared-memory progress
-  busy-polls; on an oversubscribed CPU a peer that is not running makes the
-  others spin through their time slices, and allreduces over MPI (even Open
-  MPI's own, without Horovod) were measured 10-1000x slower than on a quiet
-  machine, while Gloo's blocking sockets degrade gracefully;
-- processes on more than one machine: **MPI** as well, unless a host would
-  run more processes than this machine has cores (the other hosts are taken
-  to be like this one), or this machine runs some of them and is busy as
-  above. Between simulated hosts (network namespaces, Open MPI's TCP
-  transport against Gloo's) Horovod over MPI was faster in most gradient
-  sizes and link speeds, and several times faster with fp16 compression on
-  fast links (Gloo sums float16 slowly); the figures, and where Gloo was
-  faster, are in docs/performance.md. It needs what ``horovodrun --mpi`` needs:
-  password-less ssh (as Gloo across machines does) and Open MPI at the same
-  path on every host; ``--gloo`` otherwise;
+- Open MPI's ``mpirun`` installed and MPI's ranks yielding while they wait
+  (hvdkitrun gives every MPI job :data:`MPI_ENV` unless the environment sets
+  it): **MPI**, on one machine or several. Yielding ranks were measured
+  faster than Gloo on an idle 2-core machine, with 4 processes on its 2
+  cores, and with 2 other busy processes on them; between simulated hosts
+  MPI was faster in most gradient sizes and link speeds, and several times
+  faster with fp16 compression on fast links. Across machines it needs what
+  ``horovodrun --mpi`` needs: password-less ssh (as Gloo across machines does)
+  and Open MPI at the same path on every host; ``--gloo`` otherwise.
+- Ranks that spin while waiting (Open MPI's default, kept when you set
+  ``OMPI_MCA_mpi_yield_when_idle=0``): MPI only where each host has a free core
+  for each of its processes and this machine, if it runs some, is not busy
+  (processes + the cores busy over half a second as the job starts,
+  :func:`busy_cores`, at most cores + 1); **Gloo** otherwise. Spinning ranks
+  on an oversubscribed CPU spin through the time slices of the peer they wait
+  for: allreduces over MPI (even Open MPI's own) were measured 10-1000x slower
+  than on a quiet machine, while Gloo's blocking sockets degrade gracefully.
 - no ``mpirun``: **Gloo**, the only one that can run.
 
 Pure logic (no processes, no TensorFlow), so tests/unit checks it directly.
@@ -32,7 +27,7 @@ Pure logic (no processes, no TensorFlow), so tests/unit checks it directly.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 GLOO, MPI = "gloo", "mpi"
 # Set for every MPI job hvdkitrun starts, unless the user's environment sets it:
@@ -42,7 +37,8 @@ GLOO, MPI = "gloo", "mpi"
 # whole core (measured: 0.99 of a core in an idle 2-rank job) that the rank's
 # own TensorFlow compute needs; yielding made the 2-process training step
 # ~1.4x faster (docs/performance.md, "Open MPI's waiting ranks").
-MPI_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
+MPI_ENV = {YIELD_VAR: "1"}
 # Cores' worth of other load tolerated before MPI's busy-polling is avoided: an
 # idle desktop or a CI runner shows a load of 0.1-1 without being busy.
 BUSY_SLACK = 1.0
@@ -55,8 +51,15 @@ def choose_transport(
     load: float = 0.0,
     mpi_available: bool,
     is_local: Callable[[str], bool],
+    ranks_yield: bool = False,
 ) -> str:
     """The default transport for a job laid out as ``hosts``.
+
+    With ``ranks_yield`` (hvdkitrun's MPI jobs, :data:`MPI_ENV`) MPI whenever
+    ``mpirun`` exists: yielding MPI ranks were measured faster than Gloo also
+    with more processes than cores and on a busy machine. Ranks that spin
+    (Open MPI's default, e.g. ``OMPI_MCA_mpi_yield_when_idle=0``) get MPI only
+    where every host has a free core for each of its processes.
 
     Args:
         hosts: ``(host, processes on it)`` pairs, as ``cli.plan`` returns them,
@@ -69,6 +72,8 @@ def choose_transport(
             processes here.
         mpi_available: whether Open MPI's ``mpirun`` can be found.
         is_local: whether a host name means this machine.
+        ranks_yield: whether MPI's ranks will yield their core while waiting
+            (:func:`ranks_yield`).
 
     Returns:
         ``"mpi"`` or ``"gloo"``.
@@ -83,12 +88,17 @@ def choose_transport(
         >>> choose_transport([("localhost", 4)], cores=2, mpi_available=True,
         ...                  is_local=lambda h: h == "localhost")
         'gloo'
+        >>> choose_transport([("localhost", 4)], cores=2, load=5.0, mpi_available=True,
+        ...                  is_local=lambda h: h == "localhost", ranks_yield=True)
+        'mpi'
         >>> choose_transport([("a", 2), ("b", 2)], cores=2, mpi_available=True,
         ...                  is_local=lambda h: h == "localhost")
         'mpi'
     """
     if not mpi_available:
         return GLOO
+    if ranks_yield:
+        return MPI
     per_host: dict[str, int] = {}
     for host, slots in hosts:  # every name of this machine counts as one host
         key = "" if is_local(host) else host
@@ -100,6 +110,17 @@ def choose_transport(
         if here and here + load > cores + BUSY_SLACK:
             return GLOO  # this machine busy with other work
     return MPI
+
+
+def ranks_yield(environ: Mapping[str, str]) -> bool:
+    """Whether an MPI job started by hvdkitrun with ``environ`` yields (``MPI_ENV`` unless set).
+
+    Example:
+        >>> ranks_yield({}), ranks_yield({YIELD_VAR: "0"}), ranks_yield({YIELD_VAR: "true"})
+        (True, False, True)
+    """
+    value = environ.get(YIELD_VAR, MPI_ENV[YIELD_VAR]).strip().lower()
+    return value not in ("0", "false", "no", "f", "n")
 
 
 def _cpu_times() -> tuple[int, int] | None:

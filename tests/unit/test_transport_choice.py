@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 
@@ -53,6 +54,31 @@ def local(host: str) -> bool:
 def test_rule(hosts, cores, mpi, expected, load):
     got = choose_transport(hosts, cores=cores, load=load, mpi_available=mpi, is_local=local)
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    "hosts, cores, load",
+    [
+        ([("localhost", 2)], 2, 0.0),
+        ([("localhost", 4)], 2, 0.0),  # oversubscribed
+        ([("localhost", 2)], 2, 5.0),  # busy
+        ([("a", 3), ("b", 3)], 2, 40.0),  # several machines, oversubscribed
+        ([("localhost", 8)], None, 50.0),
+    ],
+)
+def test_yielding_ranks_get_mpi_wherever_mpirun_exists(hosts, cores, load):
+    pick = partial(choose_transport, hosts, cores=cores, load=load, is_local=local)
+    assert pick(mpi_available=True, ranks_yield=True) == "mpi"
+    assert pick(mpi_available=False, ranks_yield=True) == "gloo"
+
+
+def test_ranks_yield_unless_the_environment_says_no():
+    var = "OMPI_MCA_mpi_yield_when_idle"
+    assert transport.ranks_yield({}) is True  # hvdkitrun's MPI_ENV
+    for off in ("0", "false", "No", " n "):
+        assert transport.ranks_yield({var: off}) is False, off
+    for on in ("1", "true", "yes"):
+        assert transport.ranks_yield({var: on}) is True, on
 
 
 def test_boundary_is_processes_equal_to_cores():
