@@ -32,7 +32,7 @@ from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
-from .transport import MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
+from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
 
 EXIT_STALLED = 124  # as timeout(1)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -195,8 +195,11 @@ def run(argv: list[str] | None = None) -> int:
     if transport is None:
         layout = placed(hosts, np_)
         mpi_available = processes.find_tool("mpirun") is not None
+        yields = ranks_yield(os.environ)
         load, seen = 0.0, "no mpirun"
-        if mpi_available and not any(_is_this_machine(h) for h, _ in layout):
+        if mpi_available and yields:
+            seen = "MPI's ranks yield"  # the load cannot matter: not measured
+        elif mpi_available and not any(_is_this_machine(h) for h, _ in layout):
             seen = "none of them here"  # this machine's load cannot matter
         elif mpi_available:
             busy = busy_cores(os.cpu_count())
@@ -209,9 +212,9 @@ def run(argv: list[str] | None = None) -> int:
             load=load,
             mpi_available=mpi_available,
             is_local=_is_this_machine,
-            ranks_yield=ranks_yield(os.environ),
+            ranks_yield=yields,
         )
-        other = "--gloo" if transport == "mpi" else "--mpi"
+        other = "--gloo" if transport == MPI else "--mpi"
         announce = (
             f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
             f"{seen}; see docs/performance.md); {other} to override."
@@ -258,7 +261,7 @@ def run(argv: list[str] | None = None) -> int:
         str(args.start_timeout),
         *command,
     ]
-    if transport == "gloo":
+    if transport == GLOO:
         # horovodrun's own rendezvous server would listen on every interface
         # and answer anyone: run horovodrun with a guarded one (see guard.py).
         remote = _addresses(h for h, _ in hosts if not _is_local(h))
