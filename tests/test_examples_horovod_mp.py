@@ -4,9 +4,16 @@ import re
 
 from conftest import REPO, horovodrun, launcher_env, run_bounded
 
+# Horovod's examples leave the initial weights to chance. Now and then an
+# unseeded run starts badly enough to be far from trained after the few
+# hundred steps run here (once in CI, a final loss of 1.35 from 2.45; 0 of 62
+# runs by hand): the tests fix the seed, so a slow loss points at hvdkit.
+SEED = "1"
+
 
 def run(script, transport, tmp_path, *args):
-    cmd = horovodrun(transport, REPO / "examples" / "horovod" / script, "--outdir", tmp_path, *args)
+    script = REPO / "examples" / "horovod" / script
+    cmd = horovodrun(transport, script, "--outdir", tmp_path, "--seed", SEED, *args)
     code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
     assert not timed_out, out[-3000:]
     assert code == 0, out[-3000:]

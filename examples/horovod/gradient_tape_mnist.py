@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _synthetic import load_data  # stands in for keras.datasets.mnist (no download here)
 
 
-def main(steps: int, outdir: str) -> None:
+def main(steps: int, outdir: str, seed: int | None = None) -> None:
     hvd.init()
+    if seed is not None:  # not in Horovod's example: lets a test repeat one run exactly
+        tf.keras.utils.set_random_seed(seed)  # the same seed on every rank
 
     gpus = tf.config.experimental.list_physical_devices("GPU")
     for gpu in gpus:
@@ -81,5 +83,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=400, help="steps of the whole job")
     p.add_argument("--outdir", default=".")
+    p.add_argument("--seed", type=int, default=None, help="seed Python, NumPy and TF")
     a = p.parse_args()
-    main(a.steps, a.outdir)
+    main(a.steps, a.outdir, a.seed)

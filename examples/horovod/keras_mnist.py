@@ -18,8 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _synthetic import load_data  # stands in for keras.datasets.mnist (no download here)
 
 
-def main(epochs: int, steps: int, outdir: str) -> None:
+def main(epochs: int, steps: int, outdir: str, seed: int | None = None) -> None:
     hvd.init()
+    if seed is not None:  # not in Horovod's example: lets a test repeat one run exactly
+        tf.keras.utils.set_random_seed(seed)  # the same seed on every rank
 
     gpus = tf.config.experimental.list_physical_devices("GPU")
     for gpu in gpus:
@@ -89,5 +91,6 @@ if __name__ == "__main__":
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps", type=int, default=100, help="steps per epoch of the whole job")
     p.add_argument("--outdir", default=".")
+    p.add_argument("--seed", type=int, default=None, help="seed Python, NumPy and TF")
     a = p.parse_args()
-    main(a.epochs, a.steps, a.outdir)
+    main(a.epochs, a.steps, a.outdir, a.seed)
