@@ -191,6 +191,28 @@ def test_same_weights_under_every_launcher(tmp_path):
     assert log1.startswith("rank 1 of 2 (local 1/2)") and "[rank" not in log1
 
 
+def test_hvdkitrun_log_files_hold_each_ranks_lines_exactly(transport, tmp_path):
+    # Unbuffered ranks write a line's text and its newline separately; mpirun
+    # then glues one rank's text to another's on one line of its output.
+    lines = 2000
+    code = (
+        "import os; e = os.environ\n"
+        "r = int(e.get('OMPI_COMM_WORLD_RANK') or e['HOROVOD_RANK'])\n"
+        f"for i in range({lines}): print(f'rank {{r}} line {{i}}', 'x' * 40)"
+    )
+    cmd = [str(VENV_BIN / "hvdkitrun"), "-np", "2", f"--{transport}", "--log-dir", "logs"]
+    proc = run([*cmd, PY, "-c", code], tmp_path, env_extra={"PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.output[-3000:]
+    for r in (0, 1):
+        got = (tmp_path / "logs" / f"rank.{r}" / "stdout").read_text().splitlines()
+        want = [f"rank {r} line {i} " + "x" * 40 for i in range(lines)]
+        wrong = [(i, g) for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
+        assert len(got) == lines and not wrong, (r, len(got), wrong[:3])
+    console = [ln for ln in proc.stdout.splitlines() if ln.startswith("[rank ")]
+    assert len(console) == 2 * lines
+    assert all(ln.startswith(f"[rank {ln[6]}] rank {ln[6]} line ") for ln in console)
+
+
 def test_hvdkitrun_prefixes_lines(tmp_path):
     code = (
         "import hvdkit, os; hvdkit.init(); "

@@ -4,6 +4,15 @@ Horovod's launchers tag each line with its rank: ``[1]<stdout>:text`` under
 Gloo and ``[1,1]<stdout>:text`` under Open MPI. We untag it, print it as
 ``[rank 1] text``, append it to ``<log_dir>/rank.1/stdout`` and keep the last
 lines of every rank for failure reports.
+
+Open MPI tags every *write*, not every line, and does not end a write that
+lacks a newline: when a rank prints its text and its newline in two writes
+(unbuffered Python does), another rank's write can land between them, and one
+line of mpirun's output reads
+``[1,1]<stdout>:text of 1[1,0]<stdout>:text of 0`` followed later by
+``[1,1]<stdout>:`` (rank 1's newline). So each tagged piece is added to its
+own rank's unfinished line, and a line is complete when its rank's newline
+arrives.
 """
 
 from __future__ import annotations
@@ -15,9 +24,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
-TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$")
-# Open MPI tags every write, so one print can carry tags in the middle too.
-INNER_TAG = re.compile(r"\[(?:\d+,)?\d+\]<(?:stdout|stderr)>:")
+# A rank's tag: [rank]<stream>: (Gloo) or [jobid,rank]<stream>: (Open MPI).
+TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 TAIL_LINES = 20
 
 
@@ -32,6 +40,8 @@ class RankOutput:
         )
         self.launcher_lines: collections.deque = collections.deque(maxlen=200)
         self._files: dict[tuple[int, str], IO[str]] = {}
+        # (rank, stream) -> pieces of a line whose newline has not arrived yet
+        self._unfinished: dict[tuple[int, str], list[str]] = {}
         self._lock = threading.Lock()
 
     def _file(self, rank: int, stream: str) -> IO[str] | None:
@@ -62,13 +72,39 @@ class RankOutput:
             out.flush()
 
     def feed(self, line: str, default_stream: str) -> None:
-        """One line of a Horovod launcher's output."""
-        line = line.rstrip("\n")
-        m = TAGGED.match(line)
-        if m:
-            self.rank_line(int(m.group(1)), m.group(2), INNER_TAG.sub("", m.group(3)))
-        else:
-            self.launcher_line(line, default_stream)
+        """One line of a Horovod launcher's output (see the module docstring).
+
+        Example: ``feed("[1,1]<stdout>:b[1,0]<stdout>:a\\n", "stdout")`` prints
+        rank 0's line ``a`` and keeps ``b`` until rank 1's newline arrives.
+        """
+        ended = line.endswith("\n")
+        parts = TAG.split(line.rstrip("\n"))  # [before, rank, stream, text, rank, ...]
+        before, tagged = parts[0], parts[1:]
+        if not tagged:
+            self.launcher_line(before, default_stream)
+            return
+        if before.strip():
+            self.launcher_line(before, default_stream)
+        last = None
+        for i in range(0, len(tagged), 3):
+            last = (int(tagged[i]), tagged[i + 1])
+            with self._lock:
+                self._unfinished.setdefault(last, []).append(tagged[i + 2])
+        if ended:  # the newline is the last piece's
+            self._finish(last)
+
+    def _finish(self, key: tuple[int, str]) -> None:
+        with self._lock:
+            pieces = self._unfinished.pop(key, None)
+        if pieces is not None:
+            self.rank_line(key[0], key[1], "".join(pieces))
+
+    def finish_lines(self, stream: str | None = None) -> None:
+        """Print the ranks' unfinished lines (of ``stream``, or all): their output ended."""
+        with self._lock:
+            keys = [k for k in self._unfinished if stream is None or k[1] == stream]
+        for key in sorted(keys):
+            self._finish(key)
 
     def pump(self, pipe: IO[str], default_stream: str, rank: int | None = None) -> threading.Thread:
         """Read ``pipe`` to its end on a thread.
@@ -83,6 +119,8 @@ class RankOutput:
                     self.feed(line, default_stream)
                 else:
                     self.rank_line(rank, default_stream, line.rstrip("\n"))
+            if rank is None:
+                self.finish_lines(default_stream)
 
         t = threading.Thread(target=loop, daemon=True)
         t.start()
@@ -102,8 +140,10 @@ class RankOutput:
         with self._lock:
             self.tails.clear()
             self.launcher_lines.clear()
+            self._unfinished.clear()
 
     def close(self) -> None:
+        self.finish_lines()
         with self._lock:
             for f in self._files.values():
                 f.close()
