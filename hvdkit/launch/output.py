@@ -78,20 +78,17 @@ class RankOutput:
         rank 0's line ``a`` and keeps ``b`` until rank 1's newline arrives.
         """
         ended = line.endswith("\n")
-        parts = TAG.split(line.rstrip("\n"))  # [before, rank, stream, text, rank, ...]
-        before, tagged = parts[0], parts[1:]
+        before, *tagged = TAG.split(line.rstrip("\n"))  # before, rank, stream, text, rank, ...
+        if before.strip() or not tagged:
+            self.launcher_line(before, default_stream)
         if not tagged:
-            self.launcher_line(before, default_stream)
             return
-        if before.strip():
-            self.launcher_line(before, default_stream)
-        last = None
-        for i in range(0, len(tagged), 3):
-            last = (int(tagged[i]), tagged[i + 1])
-            with self._lock:
-                self._unfinished.setdefault(last, []).append(tagged[i + 2])
+        keys = [(int(rank), stream) for rank, stream in zip(tagged[::3], tagged[1::3], strict=True)]
+        with self._lock:
+            for key, text in zip(keys, tagged[2::3], strict=True):
+                self._unfinished.setdefault(key, []).append(text)
         if ended:  # the newline is the last piece's
-            self._finish(last)
+            self._finish(keys[-1])
 
     def _finish(self, key: tuple[int, str]) -> None:
         with self._lock:
