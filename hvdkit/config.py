@@ -29,6 +29,7 @@ MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat recei
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (default 0)
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
+BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from . import _compat, _graph_progress, collectives, runtime
+from . import _buckets, _compat, _graph_progress, collectives, runtime
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
@@ -89,21 +89,49 @@ def reduce_gradients(
     device_dense: str = "",
     device_sparse: str = "",
     step: tf.Tensor | int | None = None,
+    bucket_bytes: int | None = None,
+    groups: int | list | None = None,
+    num_groups: int = 0,
+    variables: Sequence | None = None,
 ) -> list[tf.Tensor | tf.IndexedSlices | None]:
-    """Average (or sum) gradients over all ranks in one fused allreduce.
+    """Average (or sum) gradients over all ranks, in buckets that overlap the backward pass.
 
-    ``None`` entries stay ``None``. Dense gradients go through a single
-    ``grouped_allreduce``; ``tf.IndexedSlices`` (embedding gradients) are
+    ``None`` entries stay ``None``. Dense gradients go out in buckets, each
+    one ``grouped_allreduce`` that starts as soon as its gradients exist
+    (inside a ``tf.function``, while the backward pass computes the rest):
+    by default the list is walked from its end (the last layer, whose
+    gradient is ready first) and a bucket is closed at ``bucket_bytes``
+    (:mod:`hvdkit._buckets`). ``tf.IndexedSlices`` (embedding gradients) are
     allgathered, or densified first with ``sparse_as_dense=True``. With
-    ``step`` (``DistributedOptimizer`` passes its ``iterations``) the fused
-    allreduce also carries a marker of it: if the ranks are at different
-    steps, every rank raises ``tf.errors.InvalidArgumentError`` instead of
-    averaging gradients of different steps.
+    ``step`` (``DistributedOptimizer`` passes its ``iterations``) the first
+    bucket also carries a marker of it: if the ranks are at different steps,
+    every rank raises ``tf.errors.InvalidArgumentError`` before any reduced
+    gradient is returned.
+
+    Args:
+        grads: gradients in the model's order (``model.trainable_variables``).
+        op, compression, sparse_as_dense, device_dense, device_sparse: as in
+            :class:`DistributedOptimizer`.
+        step: the optimizer step to check across ranks, or ``None``.
+        bucket_bytes: bytes per bucket; ``0`` = one allreduce per gradient (as
+            Horovod without ``groups``); a size larger than all gradients = a
+            single allreduce. ``None`` reads ``HVDKIT_BUCKET_BYTES``, else
+            ``hvdkit._buckets.DEFAULT_BUCKET_BYTES`` (4 MiB).
+        groups, num_groups: Horovod's explicit grouping instead of
+            ``bucket_bytes``: an int splits the gradients into that many
+            allreduces, lists of variables are reduced together.
+        variables: the variable of each gradient (for list ``groups``).
 
     Returns:
         A list of the same length and shapes as ``grads``.
+
+    Example:
+        >>> grads = tape.gradient(loss, model.trainable_variables)
+        >>> grads = hvdkit.reduce_gradients(grads, bucket_bytes=8 << 20)
     """
     _compat.refuse_xla("hvdkit gradient reduction")
+    grouping = _buckets.check_groups(groups, num_groups, "reduce_gradients")
+    bucket_bytes = _buckets.resolve_bucket_bytes(bucket_bytes, "reduce_gradients")
     if runtime.size() == 1:
         return list(grads)
     out: list = list(grads)
@@ -127,27 +155,57 @@ def reduce_gradients(
     if not dense_idx and step is None:
         return out
     with tf.device(device_dense):
-        packed = [compression.compress(tf.convert_to_tensor(out[i])) for i in dense_idx]
-        tensors = [t for t, _ in packed]
-        if step is not None:
+        packed = {i: compression.compress(tf.convert_to_tensor(out[i])) for i in dense_idx}
+        if grouping is None:
+            sizes = [_nbytes(packed[i][0]) for i in dense_idx]
+            buckets = [[dense_idx[k] for k in b] for b in _buckets.by_bytes(sizes, bucket_bytes)]
+        else:
+            buckets = _buckets.horovod_groups(grouping, dense_idx, variables)
+        reduced = _reduce_buckets(buckets or [[]], packed, op, step, compression)
+    for i, r in reduced.items():
+        out[i] = r
+    return out
+
+
+def _nbytes(t: tf.Tensor) -> int:
+    """Bytes of a gradient (its static shape; unknown dimensions count as 1)."""
+    return t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else t.dtype.size
+
+
+def _reduce_buckets(
+    buckets: list[list[int]], packed: dict, op: ReduceOp, step, compression: type[Compressor]
+) -> dict:
+    """One grouped allreduce per bucket; the step marker rides in the first.
+
+    The buckets' inputs depend on nothing but their own gradients (and the
+    progress token, which depends on nothing), so each allreduce starts as
+    soon as its bucket exists. The outputs wait for every bucket and for the
+    step check: no rank applies gradients of a mismatched step.
+    """
+    token = _graph_progress.waiting(step)
+    results: dict[int, tf.Tensor] = {}
+    finished = []  # one output of every bucket, for the progress marker
+    marker = None
+    for b, bucket in enumerate(buckets):
+        tensors = [packed[i][0] for i in bucket]
+        if b == 0 and step is not None:
             tensors.append(_step_marker(step, tensors[0].dtype if tensors else tf.float32))
-        token = _graph_progress.waiting(step)
         with tf.control_dependencies([token]):
             tensors = [tf.identity(t) for t in tensors]
         reduced = collectives.grouped_allreduce(tensors, op=op)
-        with tf.control_dependencies([_graph_progress.done(token, reduced)]):
-            checks = [] if step is None else [_check_step_marker(step, reduced.pop(), op)]
-        with tf.control_dependencies(checks):
-            for i, r, (_, ctx) in zip(dense_idx, reduced, packed, strict=True):
-                out[i] = tf.identity(compression.decompress(r, ctx))
-    return out
+        if b == 0 and step is not None:
+            marker = reduced.pop()
+        finished.append(marker if not reduced else reduced[0])
+        results.update(zip(bucket, reduced, strict=True))
+    with tf.control_dependencies([_graph_progress.done(token, finished)]):
+        checks = [] if step is None else [_check_step_marker(step, marker, op)]
+    with tf.control_dependencies(checks):
+        return {i: tf.identity(compression.decompress(r, packed[i][1])) for i, r in results.items()}
 
 
 # Horovod's DistributedOptimizer arguments that hvdkit does not implement.
 _HOROVOD_ONLY_ARGUMENTS = (
     "gradient_predivide_factor",
-    "num_groups",
-    "groups",
     "process_set",
     "scale_local_gradients",
 )
@@ -161,7 +219,7 @@ def _refuse_extra_arguments(kwargs: dict) -> None:
     if horovod_only:
         raise ConfigurationError(
             f"DistributedOptimizer does not support Horovod's {horovod_only} "
-            "(process sets and gradient grouping are not implemented in hvdkit); drop them."
+            "(process sets and the predivide factor are not implemented in hvdkit); drop them."
         )
     raise ConfigurationError(
         f"DistributedOptimizer got {sorted(kwargs)}: these are options of the wrapped Keras "
@@ -202,7 +260,7 @@ def _loss_scaled_apply(lso, grads, trainable_variables=None):
         with keras.name_scope(dist.name, caller=dist):
             dist.build(trainable_variables)
     if dist.backward_passes_per_step == 1:
-        grads = dist.reduce(grads)
+        grads = dist.reduce(grads, trainable_variables)
         finite = lso.check_finite(grads)  # the same averaged gradients on every rank
     else:
         # Gradients are accumulated locally and reduced every k passes, so only
@@ -264,6 +322,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             reducing (faster for small embeddings).
         device_dense, device_sparse: TF devices for the reduction (Horovod's
             arguments); ``""`` lets TensorFlow choose.
+        bucket_bytes: gradients go out in buckets of this many bytes, last
+            layer first, each starting while the backward pass still runs;
+            ``0`` = one allreduce per gradient. ``None``: ``HVDKIT_BUCKET_BYTES``
+            or 4 MiB (docs/performance.md, "Overlap").
+        groups: Horovod's explicit grouping instead of ``bucket_bytes``: an
+            int splits the gradients (in model order) into that many
+            allreduces; a list of lists of variables reduces each list together
+            and every other gradient alone. ``num_groups`` is its older name.
 
     Raises:
         ConfigurationError: ``optimizer`` is not a Keras 3 optimizer, is already
@@ -306,6 +372,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sparse_as_dense: bool = False,
         device_dense: str = "",
         device_sparse: str = "",
+        bucket_bytes: int | None = None,
+        groups: int | list | None = None,
+        num_groups: int = 0,
         **kwargs,
     ):
         if isinstance(optimizer, str):
@@ -335,6 +404,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             message=f"backward_passes_per_step={backward_passes_per_step!r} must be an int >= 1.",
         )
         _refuse_extra_arguments(kwargs)
+        groups = _buckets.check_groups(groups, num_groups, "DistributedOptimizer")
+        _buckets.check_bucket_bytes(bucket_bytes, "DistributedOptimizer")
         super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
         self.inner_optimizer = optimizer
         self.op = op
@@ -344,6 +415,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.device_dense = device_dense
         self.device_sparse = device_sparse
+        self.bucket_bytes = bucket_bytes
+        self.groups = groups
         self._accumulators: list = []
         self._pass_counter = None
         self._skip_reduce = False
@@ -399,13 +472,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         finally:
             self._skip_reduce = before
 
-    def reduce(self, grads):
+    def reduce(self, grads, variables=None):
         """The allreduce step alone: returns the averaged (or summed) gradients."""
         if self._skip_reduce:
             return list(grads)
         return reduce_gradients(
             grads,
             step=self.iterations,
+            bucket_bytes=self.bucket_bytes,
+            groups=self.groups,
+            variables=variables,
             op=self.op,
             compression=self.compression,
             sparse_as_dense=self.sparse_as_dense,
@@ -438,7 +514,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
         if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self.reduce(grads), trainable_variables)
+            self.inner_optimizer.apply(self.reduce(grads, trainable_variables), trainable_variables)
             return
         self._accumulate_and_maybe_apply(grads, trainable_variables)
 
@@ -457,7 +533,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def apply_now():
             scale = 1.0 / k if self.average_aggregated_gradients else 1.0
             summed = [acc.value * tf.cast(scale, acc.dtype) for acc, _, _ in pairs]
-            self.inner_optimizer.apply(self.reduce(summed), [v for _, _, v in pairs])
+            variables = [v for _, _, v in pairs]
+            self.inner_optimizer.apply(self.reduce(summed, variables), variables)
             # Every accumulator restarts from zero, including those of variables
             # that got no gradient in this last pass (nothing leaks into the next
             # window; such a variable's earlier passes are not applied).
@@ -481,6 +558,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "sparse_as_dense": self.sparse_as_dense,
             "device_dense": self.device_dense,
             "device_sparse": self.device_sparse,
+            "bucket_bytes": self.bucket_bytes,
+            # lists of variables do not serialize; the loaded optimizer uses bucket_bytes
+            "groups": self.groups if isinstance(self.groups, int) else None,
         }
 
     @classmethod
@@ -501,8 +581,11 @@ class DistributedGradientTape:
 
     Args:
         tape: the ``tf.GradientTape`` that recorded the forward pass.
-        op, compression, sparse_as_dense, device_dense, device_sparse: as in
-            :class:`DistributedOptimizer`.
+        op, compression, sparse_as_dense, device_dense, device_sparse,
+            bucket_bytes, groups, num_groups: as in :class:`DistributedOptimizer`.
+            The buckets overlap the backward pass when ``gradient()`` is called
+            inside a ``tf.function`` (eagerly, the tape computes every gradient
+            before the first bucket can leave).
 
     Example:
         >>> with tf.GradientTape() as tape:
@@ -521,14 +604,20 @@ class DistributedGradientTape:
         sparse_as_dense: bool = False,
         device_dense: str = "",
         device_sparse: str = "",
+        bucket_bytes: int | None = None,
+        groups: int | list | None = None,
+        num_groups: int = 0,
     ):
         if not isinstance(tape, tf.GradientTape):
             raise ConfigurationError(
                 f"DistributedGradientTape wraps a tf.GradientTape; got {type(tape).__name__}."
             )
         _check_reduction_args(op, compression, "DistributedGradientTape")
+        _buckets.check_bucket_bytes(bucket_bytes, "DistributedGradientTape")
         self._tape = tape
         self._reduce_kwargs = dict(
+            groups=_buckets.check_groups(groups, num_groups, "DistributedGradientTape"),
+            bucket_bytes=bucket_bytes,
             op=op,
             compression=compression,
             sparse_as_dense=sparse_as_dense,
@@ -550,4 +639,6 @@ class DistributedGradientTape:
         """Like ``tf.GradientTape.gradient``, then reduced over ranks (same structure)."""
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, **self._reduce_kwargs))
+        variables = tf.nest.flatten(sources)
+        reduced = reduce_gradients(flat, variables=variables, **self._reduce_kwargs)
+        return tf.nest.pack_sequence_as(grads, reduced)
