@@ -522,9 +522,11 @@ def _finish(procs: list[subprocess.Popen], out: Path, logs: list[Path], what: st
     return json.loads(out.read_text())
 
 
-def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> dict:
-    """Gloo: hvdkit's scheduler/worker launch, the scheduler in host 0, a worker in every host."""
-    out = tmp / "job.json"
+def run_job(lab: Lab, argv: list[str], out: Path, tmp: Path, port: int) -> dict:
+    """Gloo: hvdkit's scheduler/worker launch, the scheduler in host 0, a worker in every host.
+
+    Every worker runs ``argv``; rank 0 writes its result to ``out`` (JSON).
+    """
     out.unlink(missing_ok=True)
     env = dict(
         _job_env(),
@@ -538,9 +540,8 @@ def run_job(lab: Lab, sizes: list[str], repeats: int, tmp: Path, port: int) -> d
     logs = [tmp / "sched.log", *(tmp / f"worker{i}.log" for i in range(len(lab.names)))]
     sched = lab.start(lab.names[0], [str(cluster / "run_scheduler.sh")], env, logs[0])
     time.sleep(0.5)
-    me = _worker_argv(sizes, repeats, out)
     workers = [
-        lab.start(ns, [str(cluster / "run_workers.sh"), "1", *me], env, log)
+        lab.start(ns, [str(cluster / "run_workers.sh"), "1", *argv], env, log)
         for ns, log in zip(lab.names, logs[1:], strict=True)
     ]
     return _finish([*workers, sched], out, logs, "Gloo")
@@ -569,8 +570,8 @@ def write_launch_agent(lab: Lab, path: Path) -> Path:
     return path
 
 
-def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
-    """MPI: ``mpirun`` in host 0 starts one rank per host through the namespace agent.
+def run_job_mpi(lab: Lab, argv: list[str], out: Path, tmp: Path) -> dict:
+    """MPI: ``mpirun`` in host 0 starts one rank per host (``argv``) through the namespace agent.
 
     Open MPI's TCP transport between the hosts (``btl tcp,self``): all the
     namespaces share this machine's name and /dev/shm, so Open MPI would
@@ -581,7 +582,6 @@ def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
     of them to the same core (measured: 24 ms for a 400 KB allreduce of Open
     MPI alone instead of 0.26 ms).
     """
-    out = tmp / "job.json"
     out.unlink(missing_ok=True)
     agent = write_launch_agent(lab, tmp / "netns_agent.sh")
     mpirun = [
@@ -604,9 +604,8 @@ def run_job_mpi(lab: Lab, sizes: list[str], repeats: int, tmp: Path) -> dict:
     env = _job_env()
     for key, value in MPI_ENV.items():  # as hvdkitrun gives every MPI job (yours wins)
         env.setdefault(key, value)
-    argv = [*mpirun, *_worker_argv(sizes, repeats, out)]
     log = tmp / "mpirun.log"
-    job = lab.start(lab.names[0], argv, env, log)
+    job = lab.start(lab.names[0], [*mpirun, *argv], env, log)
     return _finish([job], out, [log], "MPI")
 
 
@@ -1013,14 +1012,16 @@ def measure(args: argparse.Namespace, sizes: list[str]) -> tuple[dict, list[dict
                         f"{pr['gbit_s']:.2f} Gbit/s",
                         flush=True,
                     )
-                    got = run_job(lab, sizes, args.repeats, tmp, SCHED_PORT + len(runs))
+                    out = tmp / "job.json"
+                    me = _worker_argv(sizes, args.repeats, out)
+                    got = run_job(lab, me, out, tmp, SCHED_PORT + len(runs))
                     runs.append({"hosts": n, "link": link, "probe": pr, **got})
                     if "mpi" not in transports:
                         continue
                     if n > (os.cpu_count() or 1):
                         print(f"  MPI skipped: {n} ranks on {os.cpu_count()} cores", flush=True)
                         continue
-                    got = run_job_mpi(lab, sizes, args.repeats, tmp)
+                    got = run_job_mpi(lab, me, out, tmp)
                     runs.append({"hosts": n, "link": link, "probe": pr, **got})
     except KeyboardInterrupt as exc:
         sys.exit(f"multihost.py: interrupted ({exc}); namespaces and /etc/netns files removed")

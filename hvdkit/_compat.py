@@ -139,12 +139,29 @@ def set_intra_op_threads(threads: int) -> bool:
     TensorFlow fixes its thread pools when the first op runs and raises
     RuntimeError on later changes, so this can only take effect early.
     """
+    return _set_thread_pool("intra_op", threads)
+
+
+def set_inter_op_threads(threads: int) -> bool:
+    """Set TensorFlow's inter-op thread pool size; False if TF already started."""
+    return _set_thread_pool("inter_op", threads)
+
+
+def inter_op_threads_set() -> bool:
+    """Whether TensorFlow's inter-op pool size was set (``0`` = TensorFlow's default)."""
     import tensorflow as tf
 
-    if tf.config.threading.get_intra_op_parallelism_threads() == threads:
+    return tf.config.threading.get_inter_op_parallelism_threads() != 0
+
+
+def _set_thread_pool(which: str, threads: int) -> bool:
+    import tensorflow as tf
+
+    get = getattr(tf.config.threading, f"get_{which}_parallelism_threads")
+    if get() == threads:
         return True
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        getattr(tf.config.threading, f"set_{which}_parallelism_threads")(threads)
     except RuntimeError:
         return False
     return True

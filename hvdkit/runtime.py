@@ -93,6 +93,8 @@ def init(
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
     _backend = create(name)
     _configure_threads(threads, _backend.local_size())
+    if _backend.size() > 1:
+        _keep_a_second_inter_op_thread()
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
 
@@ -152,6 +154,27 @@ def _configure_threads(setting: int | str, local_size: int) -> None:
             "hvdkit: could not set TensorFlow intra-op threads to %d because TensorFlow "
             "already started; call hvdkit.init() before running any TensorFlow op.",
             threads,
+        )
+
+
+# The gradient allreduce overlaps the backward pass only if TensorFlow's executor
+# has a second inter-op thread: with one, a bucket's allreduce is queued behind
+# the rest of the backward pass and starts when it ends (measured with
+# tf.timestamp ops: every gradient's timestamp lands at the end of the step).
+# TensorFlow sizes the pool by the cores the process may use, so a rank bound to
+# one core (mpirun --bind-to core, taskset) would get one.
+MIN_INTER_OP_THREADS = 2
+
+
+def _keep_a_second_inter_op_thread() -> None:
+    """At least ``MIN_INTER_OP_THREADS`` inter-op threads, unless the user set the pool size."""
+    if _compat.inter_op_threads_set() or len(os.sched_getaffinity(0)) >= MIN_INTER_OP_THREADS:
+        return
+    if not _compat.set_inter_op_threads(MIN_INTER_OP_THREADS):
+        logger.warning(
+            "hvdkit: this process may use one core and TensorFlow already started with one "
+            "inter-op thread, so the gradient allreduce cannot overlap the backward pass; "
+            "call hvdkit.init() before running any TensorFlow op."
         )
 
 
