@@ -141,13 +141,10 @@ def init(backend: str | None = None, **kwargs) -> None:
         pass
     from . import _progress
 
-    addr = config.get(config.MONITOR_ADDR)
-    if addr:
-        from .launch.heartbeat import start_sender
+    if config.get(config.MONITOR_ADDR):
+        from .launch.heartbeat import start_sender_from_env
 
-        host, _, port = addr.rpartition(":")
-        token = config.get(config.JOB_TOKEN, "")
-        start_sender(host, int(port), token, runtime.rank(), status=_progress.status)
+        start_sender_from_env(runtime.rank(), status=_progress.status)
     elif runtime.size() > 1:  # plain horovodrun/mpirun: at least warn about a long wait
         from .launch.heartbeat import stall_timeout
 

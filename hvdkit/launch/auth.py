@@ -11,10 +11,17 @@ so a key used in one place reveals nothing about the others or the token:
   key, and every message carries ``HMAC(K, session || sequence || message)``,
   the session being both sides' nonces: a forged ``abort`` or rank assignment,
   or a message replayed from another connection or out of order, is dropped;
-* heartbeats (UDP): ``HMAC(K_heartbeat, body)`` where the body holds the rank,
-  a random sender session, a sequence number and the send time; the receiver
-  refuses a sequence number it has seen (replay) and a datagram whose time is
-  off (stale, or replayed after the receiver forgot the session).
+* heartbeats (UDP): ``HMAC(K_heartbeat, receiver || body)`` where the body
+  holds the rank, a random sender session, a sequence number and the send
+  time, and ``receiver`` is the random id of the one receiver it is sent to
+  (a datagram fails the MAC anywhere else); the receiver refuses a sequence
+  number it has seen (replay) and a datagram whose time is off (stale, or
+  replayed after the receiver forgot the session).
+
+Everything a listener reads from the network is parsed by :func:`loads`:
+bounded in size, strict UTF-8, no depth that could exhaust the stack; it
+raises only :class:`AuthError`. Refusals are logged through
+:class:`RefusalLog`, keyed on a fixed set of kinds.
 
 Bodies are JSON objects, so fields can be added without changing the format.
 Comparisons are constant-time (:func:`hmac.compare_digest`).
@@ -30,11 +37,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import re
 import secrets
 import struct
 import threading
 import time
 from collections import Counter, OrderedDict
+
+# For _depth: all linear (no pattern backtracks over more than one string).
+_ESCAPES = re.compile(r"\\.", re.S)
+_STRINGS = re.compile(r'"[^"]*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 # Purposes of the keys derived from the job token.
 REGISTER = "register"  # worker -> scheduler, answering the scheduler's challenge
@@ -46,8 +60,81 @@ NONCE_HEX_CHARS = 32  # 128 random bits
 MAC_HEX_CHARS = 64  # SHA-256
 
 
+# What a refusal of a message can be; an AuthError's text starts with one of them.
+MALFORMED, FORGED, REPLAYED, STALE = "malformed", "forged", "replayed", "stale"
+AUTH_KINDS = (MALFORMED, FORGED, REPLAYED, STALE)
+MAX_DEPTH = 32  # nesting of a JSON message; hvdkit's own go 3 deep
+
+
 class AuthError(ValueError):
-    """A message that is malformed, forged, replayed or stale; the text says which."""
+    """A message that is malformed, forged, replayed or stale; the text says which.
+
+    The text is ``"<kind>: <detail>"``; :attr:`kind` is always one of
+    :data:`AUTH_KINDS`, whatever the detail says.
+    """
+
+    @property
+    def kind(self) -> str:
+        head = str(self).split(":", 1)[0]
+        return head if head in AUTH_KINDS else MALFORMED
+
+    @property
+    def detail(self) -> str:
+        head, _, rest = str(self).partition(": ")
+        return rest if head in AUTH_KINDS else str(self)
+
+
+def loads(data: bytes | str, max_bytes: int) -> object:
+    """JSON from the network, or :class:`AuthError` (``malformed: ...``); nothing else escapes.
+
+    Refuses input longer than ``max_bytes``, bytes that are not UTF-8 (JSON
+    over bytes would otherwise guess UTF-16 or UTF-32), and nesting deeper
+    than :data:`MAX_DEPTH` (a line of ``[[[...`` would otherwise exhaust the
+    parser's recursion).
+
+        >>> loads(b'{"a": [1]}', 100)
+        {'a': [1]}
+        >>> loads(b"[" * 2000, 4096)
+        Traceback (most recent call last):
+        ...
+        hvdkit.launch.auth.AuthError: malformed: nested more than 32 deep
+    """
+    if len(data) > max_bytes:
+        raise AuthError(f"malformed: {len(data)} bytes (more than {max_bytes})")
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise AuthError("malformed: not UTF-8") from None
+    if _depth(data) > MAX_DEPTH:
+        raise AuthError(f"malformed: nested more than {MAX_DEPTH} deep")
+    try:
+        return json.loads(data)
+    except RecursionError:  # unreachable after _depth; kept so nothing else escapes
+        raise AuthError(f"malformed: nested more than {MAX_DEPTH} deep") from None
+    except ValueError:
+        raise AuthError("malformed: not JSON") from None
+
+
+def _depth(text: str) -> int:
+    """An upper bound of the JSON nesting of ``text`` (exact for valid JSON), at C speed.
+
+    Escapes, then strings are cut out (a bracket in a string nests nothing), then the
+    innermost empty pairs are removed round after round: valid JSON of depth
+    d is gone after d rounds. What is left when a round changes nothing is
+    unbalanced, and counts with all its openers. Stops after
+    :data:`MAX_DEPTH` + 1 rounds, so a 1 MiB line costs a few dozen passes.
+    """
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0
+    bare = _NOT_BRACKETS.sub("", _STRINGS.sub("", _ESCAPES.sub("", text)))
+    rounds = 0
+    while bare and rounds <= MAX_DEPTH:
+        inner = bare.replace("[]", "").replace("{}", "")
+        if inner == bare:
+            return rounds + bare.count("[") + bare.count("{")
+        bare, rounds = inner, rounds + 1
+    return rounds
 
 
 def derive_key(token: str, purpose: str) -> bytes:
@@ -104,12 +191,9 @@ def seal(key: bytes, body: dict, *context: str | int) -> bytes:
     return json.dumps({"b": text, "m": mac(key, *context, text)}).encode()
 
 
-def open_envelope(data: bytes | str) -> tuple[str, object]:
+def open_envelope(data: bytes | str, max_bytes: int) -> tuple[str, object]:
     """``(body text, mac)`` of an envelope, or :class:`AuthError` if it is not one."""
-    try:
-        env = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise AuthError("malformed: not JSON") from None
+    env = loads(data, max_bytes)
     if not isinstance(env, dict) or not isinstance(env.get("b"), str):
         raise AuthError("malformed: not a signed message")
     return env["b"], env.get("m")
@@ -117,19 +201,19 @@ def open_envelope(data: bytes | str) -> tuple[str, object]:
 
 def parse_body(text: str) -> dict:
     try:
-        body = json.loads(text)
-    except ValueError:
-        raise AuthError("malformed: signed body is not JSON") from None
+        body = loads(text, len(text))
+    except AuthError as exc:
+        raise AuthError(f"malformed: signed body: {exc.detail}") from None
     if not isinstance(body, dict):
         raise AuthError("malformed: signed body is not an object")
     return body
 
 
-def unseal(key: bytes, data: bytes | str, *context: str | int) -> dict:
+def unseal(key: bytes, data: bytes | str, *context: str | int, max_bytes: int = 1 << 16) -> dict:
     """The body of an authentic envelope made by :func:`seal`, else :class:`AuthError`."""
-    text, given = open_envelope(data)
+    text, given = open_envelope(data, max_bytes)
     if not verify(key, given, *context, text):
-        raise AuthError("forged: bad MAC (wrong job token, or altered)")
+        raise AuthError("forged: bad MAC (wrong job token, altered, or meant for another receiver)")
     return parse_body(text)
 
 
@@ -198,30 +282,42 @@ class ReplayGuard:
             self._sessions.popitem(last=False)
 
 
-class RefusalLog:
-    """Counts refused messages by kind and logs them without letting a flood fill the log.
+OTHER = "other"  # a kind a RefusalLog was not told about (a bug, still counted)
 
-    The kind is the reason up to its first ``:`` or `` (`` ("bad job token",
-    "replayed", ...). Each kind gets at most ``burst`` lines per
-    ``interval_s``; the next line after a quiet spell says how many were
-    suppressed. :attr:`counts` has every refusal.
+
+class RefusalLog:
+    """Counts refusals by kind and logs them without letting a flood fill the log.
+
+    ``kinds`` is the fixed set of kinds this listener refuses for (``"bad job
+    token"``, ``"replayed"``, ...); a call names one of them and may add a
+    detail. The counters and the rate windows are keyed on the kind only, so
+    they stay as few as the kinds, whatever a sender makes the details say.
+    Each kind gets at most ``burst`` lines per ``interval_s``; the next line
+    after a quiet spell says how many were suppressed. A line is one line:
+    the detail and the address are cut to :attr:`MAX_DETAIL` printable
+    characters. :attr:`counts` has every refusal.
 
         >>> import logging
-        >>> refusals = RefusalLog(logging.getLogger("demo"), "refused a heartbeat from")
-        >>> refusals("10.0.0.9:4000", "replayed: sequence 3 of rank 0 already seen")
-        >>> refusals.counts["replayed"]
-        1
+        >>> refusals = RefusalLog(logging.getLogger("demo"), "refused a heartbeat from", AUTH_KINDS)
+        >>> refusals("10.0.0.9:4000", REPLAYED, "sequence 3 of rank 0 already seen")
+        >>> refusals("10.0.0.9:4000", "sequence 4 of rank 0", "a detail passed as the kind")
+        >>> dict(refusals.counts)
+        {'replayed': 1, 'other': 1}
     """
 
-    def __init__(self, logger, what: str, burst: int = 1, interval_s: float = 10.0):
+    MAX_DETAIL = 200
+
+    def __init__(self, logger, what: str, kinds, burst: int = 1, interval_s: float = 10.0):
         self.logger, self.what = logger, what
+        self.kinds = frozenset(kinds) | {OTHER}
         self.burst, self.interval_s = burst, interval_s
         self.counts: Counter[str] = Counter()
         self._window: dict[str, tuple[float, int, int]] = {}  # start, logged, suppressed
         self._lock = threading.Lock()
 
-    def __call__(self, address: str, reason: str) -> None:
-        kind = reason.split(":")[0].split(" (")[0]
+    def __call__(self, address: str, kind: str, detail: str = "") -> None:
+        if kind not in self.kinds:
+            kind = OTHER
         now = time.monotonic()
         with self._lock:
             self.counts[kind] += 1
@@ -233,4 +329,80 @@ class RefusalLog:
                 return
             self._window[kind] = (start, logged + 1, 0)
         more = f" ({suppressed} more like it were not logged)" if suppressed else ""
-        self.logger.warning("%s %s: %s%s", self.what, address, reason, more)
+        reason = f"{kind}: {_printable(detail)}" if detail else kind
+        self.logger.warning("%s %s: %s%s", self.what, _printable(address), reason, more)
+
+    def refuse(self, address: str, exc: AuthError) -> None:
+        """Log an :class:`AuthError` under its kind."""
+        self(address, exc.kind, exc.detail)
+
+
+def where(peer: object) -> str:
+    """``"host:port"`` of a socket address, for refusal lines."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+def _printable(text: object) -> str:
+    text = str(text)[: RefusalLog.MAX_DETAIL]
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+# ---------------------------------------------------------------- the token in a file
+def write_token_file(path: str, token: str) -> None:
+    """Write ``token`` to ``path`` atomically, readable by the owner only (mode 600).
+
+    Readers never see a half-written token.
+    """
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.replace(tmp, path)
+
+
+def read_token_file(path: str) -> str:
+    """The job token in ``path``, a file only its owner can read.
+
+    Raises:
+        LaunchError: the file cannot be read, is empty, or others may read
+            it (group or world permissions); the message names the fix.
+    """
+    from ..errors import LaunchError
+
+    where = f"HVDKIT_TOKEN_FILE={path}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise LaunchError(
+            f"{where} cannot be read here ({exc.strerror}). hvdkitrun --gloo gives the ranks "
+            "the job token in this file: across machines it must exist at that path on "
+            "every machine (a shared home directory, or copy it there with mode 600), or "
+            "use --mpi."
+        ) from None
+    with os.fdopen(fd) as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise LaunchError(
+                f"{where} may be read by other users (mode {mode & 0o777:o}); a job token "
+                f"file must be private: chmod 600 {path}."
+            )
+        token = f.read(4096).strip()
+    if not token:
+        raise LaunchError(f"{where} is empty; it must hold the job token.")
+    return token
+
+
+def job_token() -> str:
+    """This process's job token: ``HVDKIT_JOB_TOKEN``, else ``HVDKIT_TOKEN_FILE``'s content.
+
+    ``""`` when neither is set.
+    """
+    from .. import config
+
+    token = config.get(config.JOB_TOKEN)
+    if token:
+        return token
+    path = config.get(config.TOKEN_FILE)
+    return read_token_file(path) if path else ""

@@ -18,6 +18,7 @@ the whole job started again after such a failure, up to N times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -27,9 +28,9 @@ import time
 
 from .. import config
 from ..errors import LaunchError
-from . import processes, restart
+from . import auth, processes, restart
 from .failures import failing_rank, reported_endings, root_cause
-from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
+from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
 from .restart import RestartBudget, resume_step
 from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
@@ -236,10 +237,21 @@ def run(argv: list[str] | None = None) -> int:
         if all_local
         else _address_seen_by(next(h for h, _ in hosts if not _is_local(h)))
     )
-    token = config.get(config.JOB_TOKEN) or secrets.token_hex(16)
+    given_file = None if config.get(config.JOB_TOKEN) else config.get(config.TOKEN_FILE)
+    if given_file:
+        token = auth.read_token_file(given_file)
+    else:
+        token = config.get(config.JOB_TOKEN) or secrets.token_hex(16)
 
     env = processes.program_env(dict(os.environ))
-    env[config.JOB_TOKEN] = token
+    if transport == GLOO:
+        # horovodrun's Gloo launcher starts each rank as `env K=V ... python ...`,
+        # the whole environment on a command line every local user can read:
+        # the ranks get the token in a private file instead (auth.job_token),
+        # written below, just before the job starts.
+        env.pop(config.JOB_TOKEN, None)
+    else:  # mpirun passes the environment to the ranks off the command line
+        env[config.JOB_TOKEN] = token
     if checkpoint_dir:
         env[config.CHECKPOINT_DIR] = checkpoint_dir
     for key, value in horovod_stall_env(stall).items():
@@ -268,6 +280,11 @@ def run(argv: list[str] | None = None) -> int:
         guarded = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
         cmd = [*guarded, *cmd[1:]]
 
+    own_file = None  # a token file hvdkitrun wrote, removed when it ends
+    if transport == GLOO:
+        if not given_file:
+            own_file = given_file = _private_token_file(token)
+        env[config.TOKEN_FILE] = given_file
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
     if announce:
         out.launcher_line(announce)
@@ -289,6 +306,25 @@ def run(argv: list[str] | None = None) -> int:
                 out.reset_tails()
     finally:
         out.close()
+        if own_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(own_file)
+
+
+def _private_token_file(token: str) -> str:
+    """A new mode-600 file in ``~/.hvdkit`` (mode 700) holding ``token``; its path."""
+    folder = os.path.join(os.path.expanduser("~"), ".hvdkit")
+    path = os.path.join(folder, f"hvdkitrun-{os.getpid()}-{secrets.token_hex(4)}.token")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        auth.write_token_file(path, token)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot write the job token file {path} ({exc.strerror}). hvdkitrun --gloo gives "
+            f"the ranks the token in a private file: make {folder} writable, or set "
+            "HVDKIT_TOKEN_FILE to a mode-600 file that holds the token."
+        ) from None
+    return path
 
 
 def _wait_unless_interrupted(seconds: float, interrupted: list[str]) -> bool:
@@ -303,7 +339,7 @@ def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[i
     """Run the job once; returns (exit status, cause of failure or None)."""
     # A fresh monitor per attempt: the last attempt's silent ranks are no stall.
     monitor = HeartbeatMonitor(token, bind_host=bind)
-    env = {**env, config.MONITOR_ADDR: f"{seen_as}:{monitor.port}"}
+    env = {**env, config.MONITOR_ADDR: monitor_addr(seen_as, monitor.port, monitor.receiver)}
     known: dict[int, object] = {}
 
     def track_local_ranks():

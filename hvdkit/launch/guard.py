@@ -12,8 +12,9 @@ the server side: :class:`GuardedRendezvous` is a drop-in replacement for
   there the addresses workers registered from with a valid token; hvdkitrun
   the addresses of the job's hosts); others get ``403`` before a byte of their
   request is read, and are logged;
-* bounds every request: path shape, value size (:data:`MAX_VALUE_BYTES`), a
-  read timeout per operation and an overall deadline per connection
+* bounds every request: path shape, value size (:data:`MAX_VALUE_BYTES`), the
+  store (:data:`MAX_KEYS`, :data:`MAX_STORED_BYTES`), a read timeout per
+  operation and an overall deadline per connection
   (:data:`REQUEST_DEADLINE_S`, against slow-loris clients), and at most
   :data:`MAX_CONNECTIONS` connections at once; a failing request is logged in
   one line and never stops the server.
@@ -37,10 +38,34 @@ log = logging.getLogger("hvdkit.rendezvous")
 _HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
 
 MAX_VALUE_BYTES = 1 << 20  # Gloo stores addresses and small blobs per rank
+MAX_KEYS = 1 << 16  # keys stored at once: a few per rank
+MAX_STORED_BYTES = 1 << 28  # all values together
 MAX_CONNECTIONS = 64
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
 FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+# Why a request is refused: the fixed kinds the refusal log counts (never the path or size).
+NOT_OF_JOB = "not a machine of this job"
+MALFORMED = "malformed HTTP request"
+BAD_PATH = "bad path"
+NO_LENGTH = "PUT without a valid Content-Length"
+TOO_LARGE = "value too large"
+TOO_SLOW = "too slow"
+TOO_MANY = "too many connections"
+STORE_FULL = "store full"
+FAILED = "error while serving"
+REFUSAL_KINDS = (
+    NOT_OF_JOB,
+    MALFORMED,
+    BAD_PATH,
+    NO_LENGTH,
+    TOO_LARGE,
+    STORE_FULL,
+    TOO_SLOW,
+    TOO_MANY,
+    FAILED,
+)
 
 
 class _ExactBody:
@@ -76,7 +101,7 @@ class GuardedHandler(_HorovodHandler):
         self._deadline.start()
 
     def _expire(self):
-        self.server.refuse(self.client_address[0], "too slow (request deadline passed)")
+        self.server.refuse(self.client_address[0], TOO_SLOW, "request deadline passed")
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -92,7 +117,7 @@ class GuardedHandler(_HorovodHandler):
     def handle(self):
         client = self.client_address[0]
         if not self.server.admits(client):
-            self.server.refuse(client, "not a machine of this job (403)")
+            self.server.refuse(client, NOT_OF_JOB, "403")
             try:
                 self.wfile.write(FORBIDDEN)
             except OSError:
@@ -102,23 +127,26 @@ class GuardedHandler(_HorovodHandler):
 
     def parse_request(self) -> bool:
         if not super().parse_request():
-            self.server.refuse(self.client_address[0], "malformed HTTP request")
+            self.server.refuse(self.client_address[0], MALFORMED)
             return False
         if len(self.path.split("/")) != 3:
-            return self._reject(400, f"bad path {self.path[:80]!r}")
+            return self._reject(400, BAD_PATH, repr(self.path[:80]))
         if self.command == "PUT":
             raw = self.headers.get("Content-Length")
             try:
                 length = int(raw)
             except (TypeError, ValueError):
-                return self._reject(411, f"PUT without a valid Content-Length ({str(raw)[:40]!r})")
+                return self._reject(411, NO_LENGTH, repr(str(raw)[:40]))
             if not 0 <= length <= MAX_VALUE_BYTES:
-                return self._reject(413, f"PUT of {length} bytes")
+                return self._reject(413, TOO_LARGE, f"PUT of {length} bytes")
+            keys, stored = self.server.stored()
+            if keys >= MAX_KEYS or stored + length > MAX_STORED_BYTES:
+                return self._reject(507, STORE_FULL, f"{keys} keys, {stored} bytes")
             self.rfile = _ExactBody(self.rfile)
         return True
 
-    def _reject(self, status: int, why: str) -> bool:
-        self.server.refuse(self.client_address[0], why)
+    def _reject(self, status: int, kind: str, detail: str) -> bool:
+        self.server.refuse(self.client_address[0], kind, detail)
         self.close_connection = True
         self.send_status_code(status)
         return False
@@ -132,7 +160,9 @@ class GuardedHTTPServer(_HorovodHTTPServer):
 
     def __init__(self, address: tuple[str, int], allowed: set[str], verbose: int = 0):
         self.allowed = allowed
-        self.refuse = auth.RefusalLog(log, "rendezvous server refused a request from")
+        self.refuse = auth.RefusalLog(
+            log, "rendezvous server refused a request from", REFUSAL_KINDS
+        )
         self.refusals = self.refuse.counts
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, GuardedHandler, verbose)
@@ -140,9 +170,15 @@ class GuardedHTTPServer(_HorovodHTTPServer):
     def admits(self, address: str) -> bool:
         return address in self.allowed
 
+    def stored(self) -> tuple[int, int]:
+        """``(keys, bytes)`` in the store now (bounded by :data:`MAX_KEYS`, so cheap)."""
+        with self.cache_lock:
+            scopes = list(self.cache.values())
+            return sum(len(s) for s in scopes), sum(len(v) for s in scopes for v in s.values())
+
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
-            self.refuse(client_address[0], f"more than {MAX_CONNECTIONS} connections at once")
+            self.refuse(client_address[0], TOO_MANY, f"more than {MAX_CONNECTIONS} at once")
             self.shutdown_request(request)
             return
         try:
@@ -159,7 +195,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
-        self.refuse(client_address[0], f"error while serving: {type(exc).__name__}: {exc}"[:200])
+        self.refuse(client_address[0], FAILED, f"{type(exc).__name__}: {exc}")
 
 
 class GuardedRendezvous:

@@ -4,9 +4,11 @@ Under ``hvdkitrun`` every rank, from ``hvdkit.init()`` on, sends one small
 datagram per second to the launcher. A rank that is frozen (SIGSTOP, a
 deadlock holding the GIL, a machine that went away) stops sending, and the
 launcher ends the job naming it after the stall timeout. Datagrams are signed
-with a key derived from the job token (the token is never sent) and carry a
-sequence number and the send time, so stray, forged, replayed or stale
-packets are refused (:mod:`hvdkit.launch.auth`).
+with a key derived from the job token (the token is never sent) and the id of
+the one receiver they are meant for, and carry a sequence number and the send
+time, so stray, forged, replayed, stale or misdirected packets are refused
+(:mod:`hvdkit.launch.auth`). The launcher gives the ranks the receiver as
+``HVDKIT_MONITOR_ADDR=<host>:<port>/<receiver id>`` (:func:`monitor_addr`).
 """
 
 from __future__ import annotations
@@ -64,16 +66,52 @@ def horovod_stall_env(stall_s: float) -> dict[str, str]:
     }
 
 
-class Beats:
-    """The datagrams of one sender: signed bodies with a session id and rising sequence.
+def monitor_addr(host: str, port: int, receiver: str) -> str:
+    """``HVDKIT_MONITOR_ADDR``'s value: where heartbeats go, and the receiver's id.
 
-    >>> beats = Beats("job-token", rank=0)
+    >>> monitor_addr("127.0.0.1", 4000, "ab" * 16)
+    '127.0.0.1:4000/abababababababababababababababab'
+    """
+    return f"{host}:{port}/{receiver}"
+
+
+def parse_monitor_addr(value: str) -> tuple[str, int, str]:
+    """``(host, port, receiver)`` of an ``HVDKIT_MONITOR_ADDR`` value.
+
+    Raises:
+        LaunchError: the value is not ``host:port/receiver``.
+    """
+    from ..errors import LaunchError
+
+    where, _, receiver = value.partition("/")
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit() or not auth.is_nonce(receiver):
+        raise LaunchError(
+            f"HVDKIT_MONITOR_ADDR={value!r} is not <host>:<port>/<receiver id>. The launcher "
+            "(hvdkitrun, or a worker) sets it: start the program with a launcher of the same "
+            "hvdkit version, or unset HVDKIT_MONITOR_ADDR."
+        )
+    return host, int(port), receiver
+
+
+class Beats:
+    """The datagrams of one sender to one receiver: signed bodies with a session id and sequence.
+
+    >>> beats = Beats("job-token", rank=0, receiver="ab" * 16)
     >>> b"job-token" in beats.next()
     False
     """
 
-    def __init__(self, token: str, rank: int, status: Callable[[], dict] | None = None):
+    def __init__(
+        self,
+        token: str,
+        rank: int,
+        status: Callable[[], dict] | None = None,
+        *,
+        receiver: str,
+    ):
         self._key = auth.derive_key(token, auth.HEARTBEAT)
+        self._receiver = receiver
         self._fixed = {"r": rank, "p": os.getpid(), "h": socket.gethostname()}
         self._fixed["n"] = auth.new_nonce()  # this process's session
         self._seq = itertools.count()
@@ -85,7 +123,7 @@ class Beats:
         body = {**(self._status() if self._status else {}), **self._fixed, **extra}
         with self._lock:  # the beat thread and the exit handler both send
             body.update(s=next(self._seq), t=time.time())
-        return auth.seal(self._key, body)
+        return auth.seal(self._key, body, self._receiver)
 
 
 def _bye_if_clean_exit(send: Callable[..., None]) -> Callable[[], None]:
@@ -118,15 +156,37 @@ def _bye_if_clean_exit(send: Callable[..., None]) -> Callable[[], None]:
     return bye
 
 
+def start_sender_from_env(rank: int, status: Callable[[], dict] | None = None) -> None:
+    """Start heartbeats if the launcher asked for them (``HVDKIT_MONITOR_ADDR``).
+
+    The job token comes from ``HVDKIT_JOB_TOKEN`` or ``HVDKIT_TOKEN_FILE``
+    (:func:`auth.job_token`; hvdkitrun --gloo uses the file).
+    """
+    from .. import config
+
+    addr = config.get(config.MONITOR_ADDR)
+    if addr:
+        host, port, receiver = parse_monitor_addr(addr)
+        start_sender(host, port, auth.job_token(), rank, status, receiver=receiver)
+
+
 def start_sender(
-    host: str, port: int, token: str, rank: int, status: Callable[[], dict] | None = None
+    host: str,
+    port: int,
+    token: str,
+    rank: int,
+    status: Callable[[], dict] | None = None,
+    *,
+    receiver: str,
 ) -> threading.Thread:
     """Send heartbeats for ``rank`` from a daemon thread until the process exits.
 
     Each datagram is a signed JSON body (:func:`hvdkit.launch.auth.seal`) with
     the rank, pid, host, a random session id, a sequence number and the send
-    time; the token itself is never sent. ``status``, if given, returns extra
-    fields to include in each beat (a JSON object; keys must not clash).
+    time, its MAC bound to ``receiver`` (the id of the monitor at
+    ``host:port``); the token itself is never sent. ``status``, if given,
+    returns extra fields to include in each beat (a JSON object; keys must
+    not clash).
 
     At a clean interpreter exit (the script ended, or ``sys.exit(0)``) a last
     "bye" datagram tells the launcher this rank finished, so that silence
@@ -137,11 +197,11 @@ def start_sender(
 
     if not token:
         raise LaunchError(
-            "HVDKIT_MONITOR_ADDR is set but HVDKIT_JOB_TOKEN is not: heartbeats could not be "
-            "authenticated. Start the program with hvdkitrun (which sets both), or unset "
-            "HVDKIT_MONITOR_ADDR."
+            "HVDKIT_MONITOR_ADDR is set but neither HVDKIT_JOB_TOKEN nor HVDKIT_TOKEN_FILE is: "
+            "heartbeats could not be authenticated. Start the program with hvdkitrun (which "
+            "sets them), or unset HVDKIT_MONITOR_ADDR."
         )
-    beats = Beats(token, rank, status)
+    beats = Beats(token, rank, status, receiver=receiver)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send(**extra):
@@ -180,11 +240,13 @@ MAX_RANK = 1 << 20
 class HeartbeatMonitor:
     """Receives heartbeats; tells which ranks have been silent for too long.
 
-    Accepts only datagrams signed with the job's heartbeat key whose
-    ``(rank, session, sequence, time)`` is fresh (:class:`auth.ReplayGuard`);
-    anything else (garbage, forged, replayed, stale) is counted in
-    :attr:`refused` by reason and logged, at most once per reason every
-    10 s with the number suppressed meanwhile (:class:`auth.RefusalLog`).
+    Accepts only datagrams signed with the job's heartbeat key for this
+    receiver (:attr:`receiver`, a random id: a datagram meant for another
+    receiver fails its MAC here) whose ``(rank, session, sequence, time)`` is
+    fresh (:class:`auth.ReplayGuard`); anything else (garbage, forged,
+    replayed, stale) is counted in :attr:`refused` by kind
+    (:data:`auth.AUTH_KINDS`) and logged, at most once per kind every 10 s
+    with the number suppressed meanwhile (:class:`auth.RefusalLog`).
     """
 
     token: str
@@ -193,8 +255,9 @@ class HeartbeatMonitor:
 
     def __post_init__(self):
         self._key = auth.derive_key(self.token, auth.HEARTBEAT)
+        self.receiver = auth.new_nonce()  # this receiver's identity, in every MAC it accepts
         self._guard = auth.ReplayGuard()
-        self._refusals = auth.RefusalLog(log, "refused a heartbeat from")
+        self._refusals = auth.RefusalLog(log, "refused a heartbeat from", auth.AUTH_KINDS)
         self.refused = self._refusals.counts
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((self.bind_host, 0))
@@ -214,13 +277,13 @@ class HeartbeatMonitor:
             try:
                 self.accept(data)
             except auth.AuthError as exc:
-                self._refuse(addr, str(exc))
-            except Exception as exc:
-                self._refuse(addr, f"malformed: {type(exc).__name__}")
+                self._refusals.refuse(auth.where(addr), exc)
+            except Exception as exc:  # one line per kind, never a dead receiver
+                self._refusals(auth.where(addr), auth.MALFORMED, type(exc).__name__)
 
     def accept(self, data: bytes) -> int:
         """Record an authentic, fresh heartbeat; its rank. Raises :class:`auth.AuthError`."""
-        body = auth.unseal(self._key, data)
+        body = auth.unseal(self._key, data, self.receiver, max_bytes=MAX_DATAGRAM)
         try:
             rank, pid, host = int(body["r"]), int(body["p"]), str(body["h"])
             session, seq, sent_at = str(body["n"]), int(body["s"]), float(body["t"])
@@ -240,9 +303,6 @@ class HeartbeatMonitor:
             status.beats += 1
             status.finished = status.finished or bool(body.get("bye"))
         return rank
-
-    def _refuse(self, addr, reason: str) -> None:
-        self._refusals(f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr), reason)
 
     def silent_ranks(self, timeout: float) -> list[tuple[int, float]]:
         """``(rank, seconds since last heartbeat)`` for ranks silent longer than ``timeout``."""

@@ -9,9 +9,13 @@ under per-direction keys and the session's two nonces; a line that fails the
 check is logged and dropped, so a forged ``abort`` or ``assign`` never reaches
 the code above. Lines are bounded (:data:`MAX_LINE`) and the handshake has an
 overall deadline, so garbage, oversized and slow (slow-loris) input cost a
-bounded amount of memory and time. :class:`Admission` runs handshakes
-concurrently (at most :data:`MAX_PENDING` at once), so a slow or hostile
-client never holds up a real worker.
+bounded amount of memory and time; every line is parsed by
+:func:`auth.loads` (bounded, UTF-8, shallow), so no input raises anything but
+a refusal. :class:`Admission` runs handshakes concurrently (at most
+:data:`MAX_PENDING` at once, :data:`MAX_PENDING_PER_ADDRESS` from one
+address), so a slow or hostile client never holds up a real worker; a
+connection beyond those is told ``busy`` and closed, and the worker tries
+again (:class:`Busy`) until its registration timeout.
 """
 
 from __future__ import annotations
@@ -22,19 +26,44 @@ import queue
 import socket
 import threading
 import time
+from typing import NoReturn
 
 from . import auth
 
 log = logging.getLogger("hvdkit.protocol")
 MAX_LINE = 1 << 20  # bytes; a worker's exit report carries its last output lines
+MAX_HELLO = 1 << 16  # bytes; a registration line (before the client is authenticated)
 HANDSHAKE_TIMEOUT_S = 10.0  # for the whole registration, however slowly bytes trickle in
-MAX_PENDING = 32  # handshakes in progress at once; more connections are closed at once
+MAX_PENDING = 32  # handshakes in progress at once; more connections are told "busy"
+MAX_PENDING_PER_ADDRESS = MAX_PENDING // 2  # so one address cannot take every slot
 MAX_DROPPED = 16  # forged lines on one connection before it is given up
 PROTOCOL_VERSION = 2
 
+# Why the scheduler refuses a connection: the fixed kinds its refusal log counts.
+BAD_TOKEN = "bad job token"
+NOT_REGISTRATION = "not a registration"
+BUSY = "busy"  # too many handshakes in progress (from this address, or in all)
+DROPPED = "dropped"  # closed, broke or was too slow before registering
+REFUSAL_KINDS = (BAD_TOKEN, NOT_REGISTRATION, BUSY, DROPPED)
+
 
 class Refused(Exception):
-    """The scheduler refused this worker, or a client failed the handshake."""
+    """The scheduler refused this worker, or a client failed the handshake.
+
+    ``kind`` is one of :data:`REFUSAL_KINDS` (scheduler side); the text is
+    what the client is told: the kind, then any detail in parentheses.
+    """
+
+    def __init__(self, reason: str, kind: str = DROPPED, detail: str = ""):
+        super().__init__(reason)
+        self.kind, self.detail = kind, detail
+
+
+class Busy(Refused):
+    """The scheduler did not start a handshake (busy, not up, or the connection broke first).
+
+    Nothing was refused: the worker tries again until its timeout.
+    """
 
 
 class Channel:
@@ -131,7 +160,7 @@ class Channel:
             if line is None:
                 return None
             if self._keys is None:
-                return _plain(line)
+                return _plain(line, self.max_line)
             msg = self._authentic(line)
             if msg is not None:
                 return msg
@@ -143,20 +172,21 @@ class Channel:
     def _authentic(self, line: bytes) -> dict | None:
         _, recv_key, session = self._keys
         try:
-            env = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            env = None
+            env = auth.loads(line, self.max_line)
+        except auth.AuthError as exc:
+            log.warning("dropped a malformed line from %s (%s)", auth.where(self.peer), exc.detail)
+            return None
         if not isinstance(env, dict):
-            log.warning("dropped a malformed line from %s", _where(self.peer))
+            log.warning("dropped a malformed line from %s (not an object)", auth.where(self.peer))
             return None
         if env.get("type") == "refused" and "m" not in env and self._received == 0:
             return {"type": "refused", "reason": str(env.get("reason", "refused"))[:500]}
         text, seq = env.get("b"), env.get("n")
         if not isinstance(text, str) or seq != self._received:
-            log.warning("dropped a replayed or out-of-order line from %s", _where(self.peer))
+            log.warning("dropped a replayed or out-of-order line from %s", auth.where(self.peer))
             return None
         if not auth.verify(recv_key, env.get("m"), session, seq, text):
-            log.warning("dropped a forged line from %s (bad MAC)", _where(self.peer))
+            log.warning("dropped a forged line from %s (bad MAC)", auth.where(self.peer))
             return None
         try:
             msg = auth.parse_body(text)
@@ -173,48 +203,51 @@ class Channel:
         self.sock.close()
 
 
-def _plain(line: bytes) -> dict:
+def _plain(line: bytes, max_bytes: int) -> dict:
+    """An unsigned line as a message; ``{"type": "garbage", "why": ...}`` unless a JSON object."""
     try:
-        msg = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        msg = None
+        msg = auth.loads(line, max_bytes)
+    except auth.AuthError as exc:
+        return {"type": "garbage", "why": exc.detail}
     if isinstance(msg, dict):
         return msg
-    return {"type": "garbage", "raw": line[:200].decode("utf-8", "replace")}
-
-
-def _where(peer) -> str:
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+    return {"type": "garbage", "why": f"a JSON {type(msg).__name__}, not an object"}
 
 
 # ---------------------------------------------------------------- the handshake
 def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, dict]:
     """Scheduler side: challenge a new connection; its secured channel and registration.
 
-    Raises :class:`Refused` (the reason) after telling the client, or
-    :class:`OSError` / :class:`TimeoutError` if the connection broke or was
-    too slow.
+    Raises :class:`Refused` (its ``kind`` and the reason) after telling the
+    client, or :class:`OSError` / :class:`TimeoutError` if the connection
+    broke or was too slow.
     """
-    ch = Channel(conn)
+    ch = Channel(conn, max_line=MAX_HELLO)  # nobody is authenticated yet: a small line
     nonce = auth.new_nonce()
     ch.send(type="challenge", nonce=nonce, version=PROTOCOL_VERSION)
     line = ch.recv_line(deadline)
     if line is None:
-        raise Refused("closed the connection before registering")
+        raise Refused("closed the connection before registering", DROPPED)
     try:
-        text, given = auth.open_envelope(line)
+        text, given = auth.open_envelope(line, MAX_HELLO)
     except auth.AuthError:
-        msg = _plain(line)
+        msg = _plain(line, MAX_HELLO)
+        if msg.get("type") == "garbage":
+            _refuse(ch, NOT_REGISTRATION, str(msg["why"]))
         if msg.get("type") != "register":
-            _refuse(ch, "not a registration")
+            _refuse(ch, NOT_REGISTRATION)
         if "token" in msg:  # hvdkit before the challenge sent the token itself
-            _refuse(ch, "bad job token (this worker's hvdkit sends it in clear: update it)")
-        _refuse(ch, "bad job token (no proof of it)")
+            _refuse(ch, BAD_TOKEN, "this worker's hvdkit sends it in clear: update it")
+        _refuse(ch, BAD_TOKEN, "no proof of it")
     if not auth.verify(auth.derive_key(token, auth.REGISTER), given, nonce, text):
-        _refuse(ch, "bad job token")
-    hello = auth.parse_body(text)
+        _refuse(ch, BAD_TOKEN)
+    try:
+        hello = auth.parse_body(text)
+    except auth.AuthError as exc:
+        _refuse(ch, NOT_REGISTRATION, exc.detail)
     if hello.get("type") != "register" or not auth.is_nonce(hello.get("nonce")):
-        _refuse(ch, "not a registration")
+        _refuse(ch, NOT_REGISTRATION)
+    ch.max_line = MAX_LINE
     ch.secure(
         auth.derive_key(token, auth.SCHEDULER_TO_WORKER),
         auth.derive_key(token, auth.WORKER_TO_SCHEDULER),
@@ -223,26 +256,34 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
     return ch, hello
 
 
-def _refuse(ch: Channel, reason: str):
+def _refuse(ch: Channel, kind: str, detail: str = "") -> NoReturn:
+    reason = f"{kind} ({detail})" if detail else kind
     try:
         ch.send(type="refused", reason=reason)
     except OSError:
         pass
     ch.close()
-    raise Refused(reason)
+    raise Refused(reason, kind, detail)
 
 
 def register(ch: Channel, token: str, deadline: float, **fields) -> None:
     """Worker side: answer the scheduler's challenge with ``fields``; secures ``ch``.
 
-    Raises :class:`Refused` if the scheduler refused before the challenge (an
-    older scheduler refuses our message this way too).
+    Raises :class:`Busy` if no challenge came (the scheduler was busy and
+    said so, closed the connection, or it broke or timed out first): try
+    again. Raises :class:`Refused` if the scheduler refused before the
+    challenge (an older scheduler refuses our message this way too).
     """
-    msg = ch.recv(deadline)
+    try:
+        msg = ch.recv(deadline)
+    except (OSError, TimeoutError) as exc:
+        raise Busy(f"no challenge ({type(exc).__name__}: {exc})") from None
     if msg is None:
-        raise Refused("connection closed")
+        raise Busy("the scheduler closed the connection before its challenge")
+    if msg.get("type") == BUSY:
+        raise Busy(str(msg.get("reason", BUSY))[:200])
     if msg.get("type") == "refused":
-        raise Refused(str(msg.get("reason")))
+        raise Refused(str(msg.get("reason"))[:500])
     if msg.get("type") != "challenge" or not auth.is_nonce(msg.get("nonce")):
         raise Refused(f"unexpected first message {str(msg)[:200]} (not an hvdkit scheduler?)")
     mine = auth.new_nonce()
@@ -259,19 +300,22 @@ class Admission:
     """Accepts connections on ``sock`` and runs their handshakes concurrently.
 
     Authenticated ``(channel, registration, address)`` come out of
-    :meth:`next`. Refusals and failures are logged with the client's
-    address. After :meth:`close` (or once ``sock`` is closed) late and queued
-    workers are refused ("the job is full").
+    :meth:`next`. At most :data:`MAX_PENDING` handshakes run at once, at
+    most :data:`MAX_PENDING_PER_ADDRESS` of them from one address; a
+    connection beyond that is told ``busy`` and closed (its worker tries
+    again). Refusals and failures are logged with the client's address, one
+    line per kind (:data:`REFUSAL_KINDS`) and 10 s at most 20 times. After
+    :meth:`close` (or once ``sock`` is closed) late and queued workers are
+    refused ("the job is full").
     """
 
     def __init__(self, sock: socket.socket, token: str, timeout_s: float = HANDSHAKE_TIMEOUT_S):
         self.sock, self.token, self.timeout_s = sock, token, timeout_s
         self._ready: queue.Queue = queue.Queue()
-        self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}  # address -> handshakes in progress (none: absent)
         self._closed = False
-        # A flood of bad connections gets 20 lines per kind every 10 s, then a count.
-        self._refusals = auth.RefusalLog(log, "refused a worker from", burst=20)
+        self._refusals = auth.RefusalLog(log, "refused a worker from", REFUSAL_KINDS, burst=20)
         sock.settimeout(0.5)  # accept() wakes up to notice the socket was closed
         self._thread = threading.Thread(target=self._accept_loop, name="hvdkit-admit", daemon=True)
         self._thread.start()
@@ -280,6 +324,17 @@ class Admission:
     def refused(self) -> int:
         """How many connections were refused or dropped so far."""
         return sum(self._refusals.counts.values())
+
+    @property
+    def refusals(self):
+        """Refusals so far by kind (:data:`REFUSAL_KINDS`)."""
+        return self._refusals.counts
+
+    @property
+    def pending(self) -> int:
+        """Handshakes in progress."""
+        with self._lock:
+            return sum(self._pending.values())
 
     def next(self, timeout: float) -> tuple[Channel, dict, tuple] | None:
         try:
@@ -299,6 +354,25 @@ class Admission:
         for ch, _, _ in leftovers:
             _quietly_refuse(ch, "the job is full or over")
 
+    def _take_slot(self, host: str) -> str:
+        """Count a handshake from ``host``; ``""``, or why there is no slot for it."""
+        with self._lock:
+            total, mine = sum(self._pending.values()), self._pending.get(host, 0)
+            if total >= MAX_PENDING:
+                return f"{total} handshakes in progress"
+            if mine >= MAX_PENDING_PER_ADDRESS:
+                return f"{mine} handshakes in progress from this address"
+            self._pending[host] = mine + 1
+            return ""
+
+    def _free_slot(self, host: str) -> None:
+        with self._lock:
+            left = self._pending[host] - 1
+            if left:
+                self._pending[host] = left
+            else:
+                del self._pending[host]
+
     def _accept_loop(self) -> None:
         while True:
             try:
@@ -307,9 +381,10 @@ class Admission:
                 continue
             except OSError:  # the scheduler closed the socket
                 break
-            if not self._slots.acquire(blocking=False):
-                self._refusals(_where(addr), "too many pending handshakes")
-                conn.close()
+            why = self._take_slot(addr[0])
+            if why:
+                self._refusals(auth.where(addr), BUSY, why)
+                _tell_busy(conn, why)
                 continue
             threading.Thread(target=self._handshake, args=(conn, addr), daemon=True).start()
         self.close()
@@ -319,13 +394,15 @@ class Admission:
             try:
                 ch, hello = admit(conn, self.token, time.monotonic() + self.timeout_s)
             except Refused as exc:
-                self._refusals(_where(addr), str(exc))
+                self._refusals(auth.where(addr), exc.kind, exc.detail or str(exc))
                 return
-            except (OSError, ValueError, auth.AuthError) as exc:
-                why = f"dropped: {exc or type(exc).__name__}"
-                if isinstance(exc, TimeoutError):
-                    why = f"dropped: no registration within {self.timeout_s:g} s"
-                self._refusals(_where(addr), why)
+            except TimeoutError:
+                why = f"no registration within {self.timeout_s:g} s"
+                self._refusals(auth.where(addr), DROPPED, why)
+                conn.close()
+                return
+            except Exception as exc:  # one line per kind, never a traceback
+                self._refusals(auth.where(addr), DROPPED, f"{type(exc).__name__}: {exc}")
                 conn.close()
                 return
             conn.settimeout(None)  # the job may wait long for the other workers
@@ -335,7 +412,17 @@ class Admission:
                     return
             _quietly_refuse(ch, "the job is full or over")
         finally:
-            self._slots.release()
+            self._free_slot(addr[0])
+
+
+def _tell_busy(conn: socket.socket, why: str) -> None:
+    """Say ``busy`` (without waiting on the client) and close: the worker tries again."""
+    try:
+        conn.setblocking(False)
+        conn.send(json.dumps({"type": BUSY, "reason": f"scheduler busy: {why}"}).encode() + b"\n")
+    except OSError:
+        pass
+    conn.close()
 
 
 def _quietly_refuse(ch: Channel, reason: str) -> None:

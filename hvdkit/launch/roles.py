@@ -25,6 +25,7 @@ import sys
 
 from .. import config
 from ..errors import LaunchError
+from .auth import write_token_file
 from .restart import max_restarts
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -48,15 +49,6 @@ def _float_setting(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise LaunchError(f"{name}={raw!r} is not a number of seconds.") from None
-
-
-def _write_token_file(path: str, token: str) -> None:
-    """Atomically, readable by the owner only: workers never see a half-written token."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
-    os.replace(tmp, path)
 
 
 def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
@@ -85,7 +77,7 @@ def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> i
         replace_timeout_s=replace_timeout,
     )
     if token_file:
-        _write_token_file(token_file, token)
+        write_token_file(token_file, token)
     try:
         return sched.run()
     finally:

@@ -432,7 +432,9 @@ class Scheduler:
         while True:
             try:
                 msg = reg.channel.recv()
-            except (OSError, ValueError):
+            except Exception as exc:  # the worker is as good as lost; never a dead thread
+                if not isinstance(exc, OSError):
+                    log.error("reading %s failed: %s", reg.describe(), type(exc).__name__)
                 msg = None
             if msg is None:
                 reg.gone = True
@@ -467,7 +469,7 @@ def _exit_report(msg: dict) -> tuple:
     """
     try:
         code = int(msg.get("code", -1))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         code = -1
         detail = f"sent a malformed exit report ({str(msg)[:200]})"
     else:

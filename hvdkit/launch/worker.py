@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from .. import _compat, config
 from ..errors import LaunchError
 from . import processes, protocol
 from .failures import describe_exit
-from .heartbeat import HeartbeatMonitor, horovod_stall_env, stall_timeout
+from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
 from .protocol import Channel
 
@@ -90,9 +91,8 @@ def run_worker(
     """
     _compat.check_gloo_hostname(sched_host)
     stall = stall_timeout()  # bad settings fail here, before this worker counts as arrived
-    ch = connect(sched_host, sched_port, timeout_s)
+    ch, msg = join(sched_host, sched_port, token, timeout_s)
     try:
-        msg = _register(ch, token, sched_host, sched_port)
         inbox = _Inbox(ch)
         out = RankOutput(log_dir)
         code = 1
@@ -135,7 +135,9 @@ class _Inbox:
         while True:
             try:
                 msg = ch.recv()
-            except (OSError, ValueError):
+            except Exception as exc:  # the connection is as good as lost; never a dead thread
+                if not isinstance(exc, OSError):
+                    log.error("reading the scheduler's messages failed: %s", type(exc).__name__)
                 msg = None
             with self._lock:
                 if msg is None:
@@ -175,9 +177,60 @@ class _Inbox:
         return self._queue.get()
 
 
+BUSY_LOG_EVERY_S = 10.0  # while the scheduler is busy, say so this often
+RETRY_MAX_S = 2.0  # longest pause between two attempts to register
+
+
+def join(sched_host: str, sched_port: int, token: str, timeout_s: float) -> tuple[Channel, dict]:
+    """Connect and register, trying again while the scheduler is busy; the channel and first word.
+
+    The scheduler tells a connection ``busy`` when too many handshakes are in
+    progress (a flood of connections, or many workers at once); so does a
+    connection closed or broken before the scheduler's challenge. The worker
+    then tries again, pausing up to :data:`RETRY_MAX_S`, until ``timeout_s``
+    (``HVDKIT_SCHED_TIMEOUT``) has passed since it started. A refusal (wrong
+    token, not a registration) ends it at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    attempts, pause, told, last = 0, 0.2, None, ""
+    while True:
+        ch = connect(sched_host, sched_port, max(deadline - time.monotonic(), 0.1))
+        attempts += 1
+        try:
+            return ch, _register(ch, token, sched_host, sched_port)
+        except protocol.Busy as exc:
+            ch.close()
+            last = str(exc)
+        now = time.monotonic()
+        if now >= deadline:
+            raise LaunchError(
+                f"could not register with the scheduler at {sched_host}:{sched_port} within "
+                f"{timeout_s:g} s: it started no handshake in {attempts} attempts (last: {last}). "
+                "Something may be holding its connections (a flood: firewall its port, see "
+                "docs/security.md); raise HVDKIT_SCHED_TIMEOUT to wait longer."
+            )
+        if told is None or now - told >= BUSY_LOG_EVERY_S:
+            log.warning(
+                "the scheduler at %s:%d is busy (%s); trying again for up to %.0f s",
+                sched_host,
+                sched_port,
+                last,
+                deadline - now,
+            )
+            told = now
+        time.sleep(min(pause * random.uniform(0.5, 1.0), deadline - now))
+        pause = min(pause * 2, RETRY_MAX_S)
+
+
 def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict:
+    """The handshake, then the scheduler's first word (``assign`` or ``done``).
+
+    Raises :class:`protocol.Busy` if no handshake started (try again), else
+    :class:`LaunchError` naming what went wrong and the fix.
+    """
     # The token is never sent: we answer the scheduler's challenge with a MAC
     # and from then on accept only messages signed by it (protocol.register).
+    where = f"the scheduler at {sched_host}:{sched_port}"
     try:
         protocol.register(
             ch,
@@ -186,19 +239,33 @@ def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict
             hostname=socket.gethostname(),
             pid=os.getpid(),
         )
-        msg = ch.recv()
-    except (protocol.Refused, TimeoutError, OSError) as exc:
-        msg = {"type": "refused", "reason": str(exc) or type(exc).__name__}
-    if msg is None or msg.get("type") == "refused":
-        reason = (msg or {}).get("reason", "connection closed")
+    except protocol.Busy:
+        raise
+    except protocol.Refused as exc:
+        reason = str(exc)
+        if reason.startswith(protocol.BAD_TOKEN):
+            raise LaunchError(
+                f"{where} refused this worker: {reason}. Use the job token the scheduler "
+                "printed (HVDKIT_JOB_TOKEN, or its token file)."
+            ) from None
         raise LaunchError(
-            f"the scheduler at {sched_host}:{sched_port} refused this worker: {reason}. Use the "
-            "job token the scheduler printed (HVDKIT_JOB_TOKEN) and the scheduler's port."
+            f"{where} refused this worker: {reason}. Check that HVDKIT_SCHED_PORT is the "
+            "scheduler's port and that worker and scheduler run the same hvdkit version."
+        ) from None
+    try:
+        msg = ch.recv()
+    except OSError as exc:
+        msg = {"type": "lost", "reason": f"{type(exc).__name__}: {exc}"}
+    if msg is None or msg.get("type") == "lost":
+        why = (msg or {}).get("reason", "connection closed")
+        raise LaunchError(
+            f"{where} accepted this worker, then the connection ended before ranks were "
+            f"assigned ({why}): the scheduler stopped or was stopped; see its log."
         )
     if msg.get("type") == "abort":
         raise LaunchError(f"the scheduler stopped the job before it started: {msg.get('reason')}")
     if msg.get("type") not in ("assign", "done"):
-        raise LaunchError(f"unexpected message from the scheduler: {msg}")
+        raise LaunchError(f"unexpected message from the scheduler: {str(msg)[:200]}")
     return msg
 
 
@@ -234,7 +301,7 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     # The program's heartbeats come to this worker (same machine), which stops
     # a frozen program after the stall timeout and reports it.
     monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
-    env[config.MONITOR_ADDR] = f"127.0.0.1:{monitor.port}"
+    env[config.MONITOR_ADDR] = monitor_addr("127.0.0.1", monitor.port, monitor.receiver)
     env[config.JOB_TOKEN] = token
     reasons: list[str] = []
     inbox.running(round_, reasons, monitor)

@@ -364,9 +364,12 @@ def test_admission_serves_real_workers_while_hostile_clients_hold_connections():
     admission = protocol.Admission(listener, TOKEN, timeout_s=2.0)
     hostile = []
     try:
-        # idle and slow clients, garbage, a wrong token: none may hold up the real one
-        for _ in range(protocol.MAX_PENDING // 2):
-            hostile.append(socket.create_connection(("127.0.0.1", port)))
+        # idle and slow clients (from another address), garbage, a wrong token: none
+        # may hold up the real one
+        for _ in range(protocol.MAX_PENDING_PER_ADDRESS):
+            hostile.append(
+                socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
+            )
         junk = socket.create_connection(("127.0.0.1", port))
         junk.sendall(b"GET / HTTP/1.0\r\n\r\n\x00\xff" * 10 + b"\n")
         wrong = protocol.Channel(socket.create_connection(("127.0.0.1", port)))
@@ -403,13 +406,14 @@ def test_heartbeat_datagrams_never_contain_the_token():
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
     receiver.settimeout(10)
-    heartbeat.start_sender("127.0.0.1", receiver.getsockname()[1], TOKEN, 3)
+    rid = auth.new_nonce()
+    heartbeat.start_sender("127.0.0.1", receiver.getsockname()[1], TOKEN, 3, receiver=rid)
     key = auth.derive_key(TOKEN, auth.HEARTBEAT)
     bodies = []
     for _ in range(2):
         data, _ = receiver.recvfrom(65536)
         assert_no_token(data)
-        bodies.append(auth.unseal(key, data))
+        bodies.append(auth.unseal(key, data, rid))
     receiver.close()
     assert [b["r"] for b in bodies] == [3, 3]
     assert bodies[1]["s"] == bodies[0]["s"] + 1 and bodies[0]["n"] == bodies[1]["n"]
@@ -417,8 +421,9 @@ def test_heartbeat_datagrams_never_contain_the_token():
 
 
 def test_heartbeat_status_fields_are_carried():
-    beats = heartbeat.Beats(TOKEN, 0, status=lambda: {"collective": "allreduce.w0"})
-    body = auth.unseal(auth.derive_key(TOKEN, auth.HEARTBEAT), beats.next(bye=True))
+    rid = auth.new_nonce()
+    beats = heartbeat.Beats(TOKEN, 0, status=lambda: {"collective": "allreduce.w0"}, receiver=rid)
+    body = auth.unseal(auth.derive_key(TOKEN, auth.HEARTBEAT), beats.next(bye=True), rid)
     assert body["collective"] == "allreduce.w0" and body["bye"] is True and body["s"] == 0
 
 
@@ -434,7 +439,7 @@ def test_monitor_refuses_bad_datagrams_and_keeps_serving():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dest = ("127.0.0.1", monitor.port)
     try:
-        genuine = heartbeat.Beats(TOKEN, 0)
+        genuine = heartbeat.Beats(TOKEN, 0, receiver=monitor.receiver)
         first = genuine.next()
         s.sendto(first, dest)
         assert wait_for(lambda: monitor.ranks.get(0) and monitor.ranks[0].beats == 1)
@@ -443,8 +448,9 @@ def test_monitor_refuses_bad_datagrams_and_keeps_serving():
             b"\x00" * 100,  # garbage
             first[: len(first) // 2],  # truncated
             b"{" * 5000,  # oversized (cut at 4096 bytes)
-            heartbeat.Beats(WRONG, 1).next(),  # wrong token
-            auth.seal(auth.derive_key(TOKEN, auth.REGISTER), {"r": 1}),  # another purpose's key
+            heartbeat.Beats(WRONG, 1, receiver=monitor.receiver).next(),  # wrong token
+            heartbeat.Beats(TOKEN, 1, receiver=auth.new_nonce()).next(),  # for another receiver
+            auth.seal(auth.derive_key(TOKEN, auth.REGISTER), {"r": 1}, monitor.receiver),
             json.dumps({"t": TOKEN, "r": 1, "p": 1, "h": "x"}).encode(),  # the old clear format
         ]
         for i in range(20):  # a burst, in rounds the socket buffer holds (UDP may drop)
@@ -453,7 +459,7 @@ def test_monitor_refuses_bad_datagrams_and_keeps_serving():
             done = (i + 1) * len(bad)
             assert wait_for(lambda done=done: sum(monitor.refused.values()) == done)
         assert monitor.refused["replayed"] == 20
-        assert monitor.refused["forged"] == 40
+        assert monitor.refused["forged"] == 60
         assert monitor.refused["malformed"] == 80
         assert list(monitor.ranks) == [0] and monitor.ranks[0].beats == 1
         s.sendto(genuine.next(), dest)  # still listening
@@ -484,7 +490,7 @@ def test_stale_heartbeat_is_refused():
         key = auth.derive_key(TOKEN, auth.HEARTBEAT)
         body = {"r": 0, "p": 1, "h": "x", "n": auth.new_nonce(), "s": 0, "t": time.time() - 3600}
         with pytest.raises(auth.AuthError, match="stale"):
-            monitor.accept(auth.seal(key, body))
+            monitor.accept(auth.seal(key, body, monitor.receiver))
         assert monitor.ranks == {}
     finally:
         monitor.close()
@@ -493,8 +499,8 @@ def test_stale_heartbeat_is_refused():
 def test_sender_without_token_is_a_clear_error():
     from hvdkit.errors import LaunchError
 
-    with pytest.raises(LaunchError, match="HVDKIT_JOB_TOKEN is not"):
-        heartbeat.start_sender("127.0.0.1", 9, "", 0)
+    with pytest.raises(LaunchError, match="neither HVDKIT_JOB_TOKEN nor HVDKIT_TOKEN_FILE"):
+        heartbeat.start_sender("127.0.0.1", 9, "", 0, receiver=auth.new_nonce())
 
 
 # ---------------------------------------------------------------- the rendezvous guard
@@ -586,7 +592,7 @@ def test_rendezvous_bounds_slow_and_many_connections(guarded, monkeypatch):
     # more connections than the cap: the surplus is closed at once, then service resumes
     monkeypatch.setattr(guard, "REQUEST_DEADLINE_S", 120.0)
     monkeypatch.setattr(guard.GuardedHandler, "timeout", 120.0)
-    cap = f"more than {guard.MAX_CONNECTIONS} connections at once"
+    cap = guard.TOO_MANY
     held = []
     try:
         for _ in range(guard.MAX_CONNECTIONS + 8):
