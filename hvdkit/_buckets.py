@@ -35,8 +35,10 @@ from . import _compat, config
 from ._validate import is_int
 from .errors import ConfigurationError
 
-# Measured with benchmarks/overlap.py (docs/performance.md, "Overlap"): the
-# smallest step of the bucket sizes tried on 2 simulated hosts at 1 and 10 Gbit/s.
+# Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
+# hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave
+# steps within each other's noise, 16 MiB and a single bucket clearly slower. 4 MiB
+# keeps models with less than 4 MiB of gradients on one allreduce, as before buckets.
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 

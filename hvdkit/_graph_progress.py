@@ -73,7 +73,7 @@ def waiting(step) -> tf.Tensor:
 
 
 def done(token: tf.Tensor, reduced: list) -> tf.Tensor:
-    """Graph op: the allreduce started at ``token`` has produced ``reduced``."""
+    """Graph op: the allreduce started at ``token`` has produced every tensor of ``reduced``."""
     _, left, _ = _variables()
-    with tf.device("/CPU:0"), tf.control_dependencies([token, *reduced[:1]]):
+    with tf.device("/CPU:0"), tf.control_dependencies([token, *reduced]):
         return left.assign_add(1)

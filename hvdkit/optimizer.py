@@ -179,8 +179,10 @@ def _reduce_buckets(
 
     The buckets' inputs depend on nothing but their own gradients (and the
     progress token, which depends on nothing), so each allreduce starts as
-    soon as its bucket exists. The outputs wait for every bucket and for the
-    step check: no rank applies gradients of a mismatched step.
+    soon as its bucket exists. Every output waits for the step check, which
+    needs only the first bucket: no rank applies gradients of a mismatched
+    step, and the optimizer updates the variables of early buckets while later
+    ones are still on the wire (the progress marker waits for every bucket).
     """
     token = _graph_progress.waiting(step)
     results: dict[int, tf.Tensor] = {}
@@ -197,8 +199,8 @@ def _reduce_buckets(
             marker = reduced.pop()
         finished.append(marker if not reduced else reduced[0])
         results.update(zip(bucket, reduced, strict=True))
-    with tf.control_dependencies([_graph_progress.done(token, finished)]):
-        checks = [] if step is None else [_check_step_marker(step, marker, op)]
+    _graph_progress.done(token, finished)  # stateful: tf.function runs it
+    checks = [] if step is None else [_check_step_marker(step, marker, op)]
     with tf.control_dependencies(checks):
         return {i: tf.identity(compression.decompress(r, packed[i][1])) for i, r in results.items()}
 
