@@ -174,19 +174,16 @@ def watching():
 
     threading.excepthook = hook
     handler = _Keep(watch)
-    loggers = [logging.getLogger(n) for n in ("hvdkit", "hvdkit.protocol", "hvdkit.heartbeat")]
-    loggers.append(logging.getLogger("hvdkit.rendezvous"))
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        lg.setLevel(logging.DEBUG)
+    root = logging.getLogger("hvdkit")  # hvdkit.protocol, .heartbeat, .rendezvous propagate here
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
     try:
         yield watch
     finally:
         threading.excepthook = previous
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 # ---------------------------------------------------------------- the listeners

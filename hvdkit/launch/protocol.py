@@ -38,6 +38,7 @@ MAX_PENDING = 32  # handshakes in progress at once; more connections are told "b
 MAX_PENDING_PER_ADDRESS = MAX_PENDING // 2  # so one address cannot take every slot
 MAX_DROPPED = 16  # forged lines on one connection before it is given up
 PROTOCOL_VERSION = 2
+TOO_LONG = b"\x00too long"  # what recv_line returns for a line over its bound (not JSON)
 
 # Why the scheduler refuses a connection: the fixed kinds its refusal log counts.
 BAD_TOKEN = "bad job token"
@@ -110,7 +111,7 @@ class Channel:
 
         With ``deadline`` (a :func:`time.monotonic` value) raises
         :class:`TimeoutError` once it passes, however the bytes trickle in. A
-        line longer than ``max_line`` comes back as ``b"\\x00too long"`` (not
+        line longer than ``max_line`` comes back as :data:`TOO_LONG` (not
         JSON) and its rest is skipped, so memory stays bounded.
         """
         if deadline is None:
@@ -135,7 +136,7 @@ class Channel:
                 self._buf.clear()
                 if not self._skipping:
                     self._skipping = True
-                    return b"\x00too long"
+                    return TOO_LONG
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -205,6 +206,8 @@ class Channel:
 
 def _plain(line: bytes, max_bytes: int) -> dict:
     """An unsigned line as a message; ``{"type": "garbage", "why": ...}`` unless a JSON object."""
+    if line == TOO_LONG:
+        return {"type": "garbage", "why": f"a line over {max_bytes} bytes"}
     try:
         msg = auth.loads(line, max_bytes)
     except auth.AuthError as exc:
@@ -394,7 +397,7 @@ class Admission:
             try:
                 ch, hello = admit(conn, self.token, time.monotonic() + self.timeout_s)
             except Refused as exc:
-                self._refusals(auth.where(addr), exc.kind, exc.detail or str(exc))
+                self._refusals(auth.where(addr), exc.kind, exc.detail)
                 return
             except TimeoutError:
                 why = f"no registration within {self.timeout_s:g} s"

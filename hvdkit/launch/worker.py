@@ -16,6 +16,7 @@ import random
 import socket
 import threading
 import time
+from typing import NoReturn
 
 import psutil
 
@@ -242,20 +243,13 @@ def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict
     except protocol.Busy:
         raise
     except protocol.Refused as exc:
-        reason = str(exc)
-        if reason.startswith(protocol.BAD_TOKEN):
-            raise LaunchError(
-                f"{where} refused this worker: {reason}. Use the job token the scheduler "
-                "printed (HVDKIT_JOB_TOKEN, or its token file)."
-            ) from None
-        raise LaunchError(
-            f"{where} refused this worker: {reason}. Check that HVDKIT_SCHED_PORT is the "
-            "scheduler's port and that worker and scheduler run the same hvdkit version."
-        ) from None
+        _refused(where, str(exc))
     try:
         msg = ch.recv()
     except OSError as exc:
         msg = {"type": "lost", "reason": f"{type(exc).__name__}: {exc}"}
+    if msg is not None and msg.get("type") == "refused":  # our answer to its challenge
+        _refused(where, str(msg.get("reason")))
     if msg is None or msg.get("type") == "lost":
         why = (msg or {}).get("reason", "connection closed")
         raise LaunchError(
@@ -267,6 +261,18 @@ def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict
     if msg.get("type") not in ("assign", "done"):
         raise LaunchError(f"unexpected message from the scheduler: {str(msg)[:200]}")
     return msg
+
+
+def _refused(where: str, reason: str) -> NoReturn:
+    if reason.startswith(protocol.BAD_TOKEN):
+        raise LaunchError(
+            f"{where} refused this worker: {reason}. Use the job token the scheduler "
+            "printed (HVDKIT_JOB_TOKEN, or its token file)."
+        )
+    raise LaunchError(
+        f"{where} refused this worker: {reason}. Check that HVDKIT_SCHED_PORT is the "
+        "scheduler's port and that worker and scheduler run the same hvdkit version."
+    )
 
 
 def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -> None:
