@@ -23,6 +23,7 @@ rows. In the same job, round after round (every variant once per round,
 * ``tape_b<size>``     the same with other ``bucket_bytes`` (the default's choice);
 * ``raw_horovod``      the same step with ``horovod.tensorflow.DistributedGradientTape``
                        (one allreduce per gradient, Horovod fusing what is ready);
+                       ``raw_horovod_b`` a second instance of it, the control;
 * ``fit_single``, ``fit_default``  ``model.fit`` with ``hvdkit.DistributedOptimizer``
                        (one bucket / default), per-step time from batch-end times.
 
@@ -177,15 +178,20 @@ def worker(steps: int, rounds: int, out: str) -> None:
         )
 
     raw_sources = [_compat.tf_variable(v) for v in tvars]
+
+    def raw_gradients(t, loss):
+        # Horovod's tape keys sources by tf.Variable.ref(): the tf.Variables inside
+        return raw.DistributedGradientTape(t).gradient(loss, raw_sources)
+
     tape_variants = {
         "forward": forward,
         "compute": step_with(lambda t, loss: t.gradient(loss, tvars)),
         "allreduce": allreduce_of(pieces),
         "allreduce_quarter": allreduce_of(quarter),
-        "raw_horovod": step_with(
-            # Horovod's tape keys sources by tf.Variable.ref(): the tf.Variables inside
-            lambda t, loss: raw.DistributedGradientTape(t).gradient(loss, raw_sources)
-        ),
+        "raw_horovod": step_with(raw_gradients),
+        # the control: a second, separately built raw Horovod step; its ratio to the
+        # first is the noise this machine adds to every ratio in the table
+        "raw_horovod_b": step_with(raw_gradients),
         "tape_single": tape(1 << 40),
         "tape_default": tape(None),
         **{f"tape_b{b}": tape(b) for b in BUCKET_SWEEP if b != default_bytes},
