@@ -40,6 +40,8 @@ setup(
         "horovod==0.28.1",
         "cloudpickle>=2.0",
         "psutil>=5.9",
+        # keras.callbacks.TensorBoard needs it; TensorFlow 2.21 no longer installs it
+        "tensorboard>=2.20,<3",
     ],
     extras_require={
         "test": [

@@ -11,14 +11,18 @@ A Horovod user's script needs only its import changed::
 Without a launcher the same script runs as a job of size 1.
 
 Names are loaded on first use, so that ``hvdkitrun`` and the scheduler, which
-need no TensorFlow, start in a fraction of a second; ``import hvdkit`` has no
-other side effect.
+need no TensorFlow, start in a fraction of a second. ``import hvdkit`` does one
+more thing: it tells Keras (now, or once Keras is imported) where to find
+``DistributedOptimizer``, so that ``keras.models.load_model`` reads files saved
+with it (:mod:`hvdkit._keras_registry`).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
+
+from . import _keras_registry
 
 __version__ = "0.1.0"
 
@@ -80,12 +84,21 @@ _EXPORTS = {
     "reduce_gradients": "optimizer",
     "Compression": "compression",
     "SyncBatchNormalization": "sync_batch_norm",
+    "load_model": "saving",
     "callbacks": "callbacks",
     "Checkpointer": "checkpoint",
     # data, patch ops, sink mode
     "data": "data",
     "ops": "ops",
     "sink": "sink",
+    # Horovod names hvdkit does not implement: importable, refused on use
+    "Adasum": "horovod_only",
+    "ProcessSet": "horovod_only",
+    "global_process_set": "horovod_only",
+    "add_process_set": "horovod_only",
+    "remove_process_set": "horovod_only",
+    "process_set_included_op": "horovod_only",
+    "elastic": "horovod_only",
     # errors
     "HvdkitError": "errors",
     "NotInitializedError": "errors",
@@ -106,9 +119,9 @@ def init(backend: str | None = None, **kwargs) -> None:
     """Start hvdkit: :func:`hvdkit.runtime.init` plus what the layers above it need.
 
     Takes the arguments of :func:`hvdkit.runtime.init`. After the runtime is up
-    it registers :class:`DistributedOptimizer` with Keras (so that
-    ``keras.models.load_model`` finds it in any script that started hvdkit)
-    and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
+    it registers :class:`DistributedOptimizer` with Keras, makes Keras's
+    ``BackupAndRestore`` refuse jobs of several ranks (pointing at
+    :class:`Checkpointer`) and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
     watches for its stall timeout.
 
     With ``HVDKIT_ROLE`` or ``MS_ROLE`` set (MindSpore's flow: the same
@@ -136,9 +149,11 @@ def init(backend: str | None = None, **kwargs) -> None:
     if not first:
         return
     try:
-        from . import optimizer
+        from . import callbacks, optimizer  # optimizer: registers the class with Keras
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
+    else:
+        callbacks.refuse_backup_and_restore()
     from . import _progress
 
     if config.get(config.MONITOR_ADDR):
@@ -163,6 +178,9 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+_keras_registry.install()
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
@@ -203,6 +221,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         NotSupportedError,
         ShardingError,
     )
+    from .horovod_only import (
+        Adasum,
+        ProcessSet,
+        add_process_set,
+        elastic,
+        global_process_set,
+        process_set_included_op,
+        remove_process_set,
+    )
     from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
     from .probes import (
         ccl_built,
@@ -235,4 +262,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         shutdown,
         size,
     )
+    from .saving import load_model
     from .sync_batch_norm import SyncBatchNormalization

@@ -8,7 +8,7 @@ import numbers
 import keras
 import numpy as np
 
-from . import collectives, runtime
+from . import _job_metrics, collectives, runtime
 from .errors import ConfigurationError
 
 __all__ = [
@@ -77,29 +77,50 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replace each epoch's metrics (``loss``, ``accuracy``, ``val_*``) by their rank average.
+    """Make every epoch's logs (``loss``, metrics, ``val_*``) and ``evaluate``'s the job's.
 
-    Put it *first* in the callbacks list, so that later callbacks
-    (checkpointing, early stopping, logging) see the averaged values.
+    From the start of ``fit`` (or ``evaluate``) to its end, the model's
+    metric states are summed over the ranks whenever Keras makes the logs of
+    an epoch or of an evaluation, before any callback sees them: every
+    callback, *wherever it is in the list*, sees the same numbers on every
+    rank (``EarlyStopping``, ``ReduceLROnPlateau`` and
+    ``ModelCheckpoint(save_best_only=True)`` decide alike), and the numbers
+    are those of one process on all the ranks' data: uneven shards are
+    weighted by their rows (:mod:`hvdkit._job_metrics`). With equal shards
+    this is Horovod's rank average. Other scalar logs (added by callbacks
+    or a custom ``train_step``) are averaged over the ranks.
 
     Example:
-        >>> callbacks = [hvdkit.callbacks.MetricAverageCallback(), ...]
+        >>> model.fit(x_mine, y_mine, validation_data=(xv_mine, yv_mine),
+        ...           callbacks=[keras.callbacks.EarlyStopping(patience=2),
+        ...                      hvdkit.callbacks.MetricAverageCallback()])
+        >>> model.evaluate(xv_mine, yv_mine, callbacks=[hvdkit.callbacks.MetricAverageCallback()])
     """
 
+    def _enter(self):
+        _job_metrics.install(self.model)
+
+    def _exit(self):
+        _job_metrics.remove(self.model)
+
+    def on_train_begin(self, logs=None):
+        self._enter()
+
+    def on_train_end(self, logs=None):
+        self._exit()
+
+    def on_test_begin(self, logs=None):
+        self._enter()
+
+    def on_test_end(self, logs=None):
+        self._exit()
+
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or runtime.size() == 1:
+        if logs is None or runtime.size() == 1:
             return
-        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-        names = collectives.allgather_object(keys)
-        if any(n != keys for n in names):
-            raise ConfigurationError(
-                f"MetricAverageCallback: ranks report different metrics {names}; compile "
-                "the same metrics on every rank."
-            )
-        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = collectives.allreduce(values, op=collectives.Average, name="hvdkit.metrics")
-        for k, v in zip(keys, averaged, strict=True):
-            logs[k] = float(v)
+        done = _job_metrics.job_keys(self.model)
+        rest = {k: v for k, v in logs.items() if k not in done}
+        logs.update(_job_metrics.average_scalar_logs(rest, "metrics"))
 
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
@@ -301,8 +322,27 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
 
+# Callbacks that change the training itself (stop it, change the learning rate or
+# the weights, restore state): on rank 0 alone they would leave the ranks apart.
+_DECIDING = (
+    keras.callbacks.EarlyStopping,
+    keras.callbacks.ReduceLROnPlateau,
+    keras.callbacks.LearningRateScheduler,
+    keras.callbacks.TerminateOnNaN,
+    keras.callbacks.BackupAndRestore,
+    keras.callbacks.SwapEMAWeights,
+)
+
+
 class RankZeroOnly(keras.callbacks.Callback):
     """Run the wrapped callback on rank 0 only (checkpoints, TensorBoard, CSV logs).
+
+    On other ranks the callback is never called, not even ``set_model`` (where
+    ``TensorBoard`` already writes its graph). Callbacks that change the
+    training (``EarlyStopping``, ``ReduceLROnPlateau``, ``LearningRateScheduler``,
+    ``TerminateOnNaN``, ``BackupAndRestore``, ``SwapEMAWeights``, hvdkit's own)
+    are refused: they must run on every rank, and ``MetricAverageCallback``
+    makes them decide alike.
 
     Example:
         >>> ckpt = hvdkit.callbacks.RankZeroOnly(keras.callbacks.ModelCheckpoint("m.keras"))
@@ -314,6 +354,16 @@ class RankZeroOnly(keras.callbacks.Callback):
             raise ConfigurationError(
                 f"RankZeroOnly wraps a keras.callbacks.Callback; got {type(callback).__name__}."
             )
+        hvdkit_own = type(callback).__module__ == __name__
+        if isinstance(callback, _DECIDING) or hvdkit_own:
+            raise ConfigurationError(
+                f"RankZeroOnly({type(callback).__name__}) would run it on rank 0 alone, but it "
+                "changes the training (stops it, sets the learning rate or the weights, or "
+                "restores state), so the ranks would part ways and the job would hang. Put it "
+                "in the callbacks list of every rank; with hvdkit.callbacks."
+                "MetricAverageCallback() anywhere in the list, every rank sees the same logs "
+                "and decides the same."
+            )
         self.callback = callback
 
     def _active(self) -> bool:
@@ -321,11 +371,13 @@ class RankZeroOnly(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        self.callback.set_model(model)
+        if self._active():
+            self.callback.set_model(model)
 
     def set_params(self, params):
         super().set_params(params)
-        self.callback.set_params(params)
+        if self._active():
+            self.callback.set_params(params)
 
     def _forward(self, hook: str, *args):
         if self._active():
@@ -360,6 +412,48 @@ class RankZeroOnly(keras.callbacks.Callback):
 
     def on_test_batch_end(self, batch, logs=None):
         self._forward("on_test_batch_end", batch, logs)
+
+    def on_predict_begin(self, logs=None):
+        self._forward("on_predict_begin", logs)
+
+    def on_predict_end(self, logs=None):
+        self._forward("on_predict_end", logs)
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        self._forward("on_predict_batch_begin", batch, logs)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._forward("on_predict_batch_end", batch, logs)
+
+
+def refuse_backup_and_restore() -> None:
+    """Make Keras's ``BackupAndRestore`` refuse to start in a job of more than one rank.
+
+    Called by ``hvdkit.init()``. Every rank would write the same backup files
+    at the same moment (HDF5 locks the file, or the writes interleave), and a
+    job stopped between two ranks' writes would restore them at different
+    epochs. ``hvdkit.Checkpointer`` is the replacement: rank 0 writes atomically,
+    every rank restores the same step. Single-process jobs keep Keras's callback.
+    """
+    cls = keras.callbacks.BackupAndRestore
+    if getattr(cls.on_train_begin, "_hvdkit_refusal", False):
+        return
+    keras_on_train_begin = cls.on_train_begin
+
+    def on_train_begin(self, logs=None):
+        if runtime.is_initialized() and runtime.size() > 1:
+            raise ConfigurationError(
+                f"keras.callbacks.BackupAndRestore({self.backup_dir!r}) is not supported in a "
+                f"job of {runtime.size()} ranks: every rank would write the same backup files "
+                "at once, and a job stopped between two ranks' writes would restore them at "
+                "different epochs. Use hvdkit.Checkpointer (whole training state, written "
+                "atomically by rank 0, the same step restored on every rank) with hvdkitrun "
+                "--max-restarts; see docs/fault-tolerance.md."
+            )
+        return keras_on_train_begin(self, logs)
+
+    on_train_begin._hvdkit_refusal = True
+    cls.on_train_begin = on_train_begin
 
 
 def _check_steps_per_epoch(value) -> None:

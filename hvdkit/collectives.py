@@ -44,6 +44,7 @@ from .errors import (
     ConfigurationError,
     NotSupportedError,
 )
+from .horovod_only import Adasum, global_process_set
 
 #: What the tensor collectives accept: a tensor, a (Keras) variable, numpy or Python numbers.
 TensorLike = tf.Tensor | tf.Variable | np.ndarray | float | int | Sequence
@@ -106,8 +107,29 @@ class TFCollectiveMismatchError(CollectiveMismatchError, tf.errors.FailedPrecond
         return type(self), (self.message,)
 
 
+class TFArgumentError(ConfigurationError, tf.errors.InvalidArgumentError):
+    """:class:`~hvdkit.errors.ConfigurationError` that is also Horovod's error class.
+
+    Horovod 0.28.1 reports an ``alltoall`` whose rows do not split as asked
+    (``splits`` not adding up to the first dimension, an uneven default split)
+    as ``tf.errors.InvalidArgumentError``; hvdkit finds these before
+    communicating and raises this class, so ``except ValueError``,
+    ``except hvdkit.ConfigurationError`` and Horovod-style
+    ``except tf.errors.InvalidArgumentError`` all catch it.
+    """
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+        self.args = (message,)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
 # --------------------------------------------------------------------------- helpers
 def _check_op(op: Any, allowed: Sequence[ReduceOp] = tuple(ReduceOp), what: str = "allreduce"):
+    if op is Adasum:
+        Adasum.refuse(what)  # NotImplementedError, as Horovod where it lacks Adasum
     if op not in allowed:
         names = ", ".join(f"hvdkit.{o.name.title()}" for o in allowed)
         raise ConfigurationError(f"{what} does not support op={op!r}; use one of {names}.")
@@ -135,10 +157,11 @@ def _resolve_op(op: ReduceOp | None, average: bool | None, what: str) -> ReduceO
 
 
 def _check_process_set(process_set: Any, what: str) -> None:
-    if process_set is not None:
+    if process_set is not None and process_set is not global_process_set:
         raise ConfigurationError(
             f"{what}: process_set={process_set!r} is not supported; hvdkit's collectives "
-            "always run over the whole job. Drop the process_set argument."
+            "always run over the whole job. Drop the process_set argument (or pass "
+            "hvdkit.global_process_set)."
         )
 
 
@@ -694,12 +717,12 @@ def alltoall(
         if tf.executing_eagerly():
             s = splits_t.numpy()
             if (s < 0).any() or s.sum() != t.shape[0]:
-                raise ConfigurationError(
+                raise TFArgumentError(
                     f"alltoall: splits={s.tolist()} must be non-negative and sum to the "
                     f"tensor's first dimension ({t.shape[0]})."
                 )
     elif tf.executing_eagerly() and t.shape[0] % n:
-        raise ConfigurationError(
+        raise TFArgumentError(
             f"alltoall without splits needs the first dimension ({t.shape[0]}) to be "
             f"divisible by the number of ranks ({n}); pass splits= for uneven blocks."
         )
@@ -895,7 +918,12 @@ def broadcast_object(
     _check_session(session, "broadcast_object")
     _check_process_set(process_set, "broadcast_object")
     _check_root(root_rank, "broadcast_object")
-    return runtime.backend().broadcast_object(obj, root_rank)
+    return _run(
+        "broadcast_object",
+        name,
+        f"a {type(obj).__name__} from root {root_rank}",
+        lambda: runtime.backend().broadcast_object(obj, root_rank),
+    )
 
 
 def allgather_object(
@@ -909,4 +937,9 @@ def allgather_object(
     """
     _check_session(session, "allgather_object")
     _check_process_set(process_set, "allgather_object")
-    return runtime.backend().allgather_object(obj)
+    return _run(
+        "allgather_object",
+        name,
+        f"a {type(obj).__name__}",
+        lambda: runtime.backend().allgather_object(obj),
+    )

@@ -12,6 +12,8 @@
   pass, all records unless asked to shard; ``num_shards="auto"``: this
   job's shard; ``num_samples`` per shard).
 * :func:`get_dataset_size`: batches in a dataset (MindSpore's ``get_dataset_size()``).
+* :func:`unshard`: every rank's results (``model.predict`` on its shard) back
+  in dataset order, on every rank.
 
 Example, on each of 2 ranks::
 
@@ -25,6 +27,7 @@ from .readers import Cifar10Dataset, Cifar10Reader, MnistDataset, MnistReader
 from .sampler import ShardPositionCallback, ShardSampler
 from .sharding import MODES, ShardingWarning, shard, shard_indices
 from .size import get_dataset_size
+from .unshard import unshard
 
 __all__ = [
     "MODES",
@@ -38,4 +41,5 @@ __all__ = [
     "MnistDataset",
     "Cifar10Dataset",
     "get_dataset_size",
+    "unshard",
 ]

@@ -1,6 +1,7 @@
 """hvdkit's dependencies point one way (STYLE.md): a walk over every import statement.
 
-Layers, lowest first: ``errors``/``config``/``_progress`` < ``_compat``/``_validate`` (the
+Layers, lowest first: ``errors``/``config``/``_progress``/``horovod_only`` (Horovod names
+refused on use) < ``_compat``/``_validate`` (the
 integer-argument rule)/``_graph_progress`` (in-graph progress markers) < ``backends`` <
 ``runtime`` < ``collectives``/``compression`` < everything built on them
 (``optimizer``, ``callbacks``, ``data``, ``ops``, ``sink``, ...). A module may
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
-LAYERS = {"errors": 0, "config": 0, "_progress": 0}
+LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0}
 LAYERS |= {"_checkpoint_files": 1, "_compat": 1, "_validate": 1, "_graph_progress": 1}
 LAYERS |= {"backends": 2, "runtime": 3}
 LAYERS |= {"collectives": 4, "compression": 4}

@@ -1,0 +1,112 @@
+"""One process: Horovod names refused on use, unshard's index math, the Keras registry hook.
+
+The 2-rank side of these workflows is tests/test_keras_workflows_mp.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hvdkit
+from hvdkit import horovod_only
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda: hvdkit.ProcessSet([0, 1]), "ProcessSet([0, 1],)"),
+        (lambda: hvdkit.add_process_set([0]), "add_process_set([0])"),
+        (lambda: hvdkit.remove_process_set([0]), "remove_process_set([0])"),
+        (lambda: hvdkit.process_set_included_op(3), "process_set_included_op(3)"),
+        (lambda: hvdkit.elastic.run, "hvdkitrun --max-restarts"),
+        (lambda: hvdkit.elastic.KerasState, "hvdkit.elastic.KerasState"),
+    ],
+)
+def test_horovod_only_names_import_and_refuse_on_use(call, fragment):
+    with pytest.raises(hvdkit.NotSupportedError) as info:
+        call()
+    assert isinstance(info.value, NotImplementedError)
+    assert fragment in str(info.value)
+
+
+def test_elastic_answers_introspection_without_refusing():
+    assert not hasattr(hvdkit.elastic, "__wrapped__")
+    assert repr(hvdkit.Adasum) == "hvdkit.Adasum"
+
+
+def test_adasum_and_global_process_set_in_collectives(local_runtime):
+    import tensorflow as tf
+
+    sparse = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]))
+    for value in (sparse, np.ones(2)):
+        with pytest.raises(NotImplementedError, match="op=hvdkit.Adasum is not implemented"):
+            hvdkit.allreduce(value, op=hvdkit.Adasum)
+    got = hvdkit.allreduce(np.array([2.0]), op=hvdkit.Sum, process_set=hvdkit.global_process_set)
+    assert got.tolist() == [2.0]
+    with pytest.raises(hvdkit.ConfigurationError, match="global_process_set"):
+        hvdkit.allreduce(np.array([2.0]), process_set="evens")
+    assert hvdkit.global_process_set is horovod_only.global_process_set
+
+
+def test_alltoall_split_errors_are_also_invalid_argument(local_runtime):
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"splits=\[2\] must be"):
+        hvdkit.alltoall(tf.ones([1]), splits=[2])
+    with pytest.raises(hvdkit.ConfigurationError):
+        hvdkit.alltoall(tf.ones([1]), splits=[2])
+
+
+def test_unshard_puts_rows_back_in_dataset_order(local_runtime):
+    idx = np.array([3, 0, 2, 1])
+    rows = np.array([[30], [0], [20], [10]])
+    assert hvdkit.data.unshard(rows, idx).ravel().tolist() == [0, 10, 20, 30]
+    out = hvdkit.data.unshard({"a": rows, "b": rows[:, 0] * 2}, idx)
+    assert out["b"].tolist() == [0, 20, 40, 60]
+    with pytest.raises(hvdkit.ShardingError, match=r"rows are on no rank \(first: \[4\]"):
+        hvdkit.data.unshard(rows, idx, num_samples=5)
+    with pytest.raises(hvdkit.ShardingError, match="rank 0: 3 rows for 4 indices"):
+        hvdkit.data.unshard(rows[:3], idx)
+    with pytest.raises(hvdkit.ShardingError, match="outside the dataset"):
+        hvdkit.data.unshard(rows, idx, num_samples=3)
+
+
+def test_import_hvdkit_stays_without_tensorflow_and_hooks_keras_once():
+    code = (
+        "import sys, hvdkit\n"
+        "from hvdkit import _keras_registry as k\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n"
+        "hooks = [f for f in sys.meta_path if isinstance(f, k._AfterKerasImport)]\n"
+        "k.install()\n"
+        "assert len([f for f in sys.meta_path if isinstance(f, k._AfterKerasImport)]) == 1\n"
+        "import keras\n"
+        "assert not [f for f in sys.meta_path if isinstance(f, k._AfterKerasImport)]\n"
+        "assert 'hvdkit.optimizer' not in sys.modules\n"
+        "entry = keras.saving.get_custom_objects()[k.REGISTERED_NAME]\n"
+        "import hvdkit.optimizer\n"
+        "real = keras.saving.get_custom_objects()[k.REGISTERED_NAME]\n"
+        "print(len(hooks), entry.__name__, real is hvdkit.optimizer.DistributedOptimizer)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "_DistributedOptimizerEntry", "True"]
+
+
+def test_rank_zero_only_refuses_callbacks_that_change_training():
+    import keras
+
+    for cb in (
+        keras.callbacks.EarlyStopping(),
+        keras.callbacks.ReduceLROnPlateau(),
+        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.BackupAndRestore("b"),
+        hvdkit.callbacks.BroadcastGlobalVariablesCallback(0),
+    ):
+        with pytest.raises(hvdkit.ConfigurationError, match="changes the training"):
+            hvdkit.callbacks.RankZeroOnly(cb)
+    ok = hvdkit.callbacks.RankZeroOnly(keras.callbacks.CSVLogger("x.csv"))
+    assert isinstance(ok.callback, keras.callbacks.CSVLogger)
