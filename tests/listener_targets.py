@@ -262,9 +262,15 @@ class SignedTarget:
     def feed(self, data: bytes) -> str:
         self.worker.dropped = 0  # a fresh budget per case: each case is one injected line
         self.n += 1
-        self.raw.sendall(data + b"\n")
-        self.sched.send(type="ping", n=self.n)
+
+        def send():  # on a thread: a long line fills the socket while nobody reads yet
+            self.raw.sendall(data + b"\n")
+            self.sched.send(type="ping", n=self.n)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
         got = self.worker.recv(time.monotonic() + WAIT_S)
+        sender.join(WAIT_S)
         if got != {"type": "ping", "n": self.n}:
             return f"lost the genuine line: {str(got)[:80]}"
         return "dropped" if self.worker.dropped else "accepted"

@@ -94,10 +94,11 @@ class Proc:
     """A process in a namespace whose merged output is collected on a thread."""
 
     def __init__(self, cmd, ns, env_extra=None, cwd=None):
+        """``ns=None``: in this machine's own network namespace."""
         env = launcher_env()
         env.update(env_extra or {})
         self.popen = subprocess.Popen(
-            ["ip", "netns", "exec", ns, *cmd],
+            cmd if ns is None else ["ip", "netns", "exec", ns, *cmd],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

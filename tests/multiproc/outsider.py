@@ -14,6 +14,9 @@ Actions:
   http           PUT/GET/DELETE of rendezvous keys, then malformed requests
   probe          one GET of a key no job uses (does the server answer?)
   udp            the captured heartbeat datagrams in FILE replayed, then garbage
+  hold-tcp       N connections held open for S seconds (python outsider.py hold-tcp
+                 HOST PORT N S): every one the server closes is opened again
+                 (at most 20 times a second), then all are closed
 """
 
 import json
@@ -155,6 +158,40 @@ def udp(host, port, captured_file):
     report("udp-burst", "20 datagrams")
 
 
+def hold_tcp(host, port, count, seconds):
+    """Hold ``count`` connections for ``seconds``, reopening those the server closes."""
+    held: list = [None] * int(count)
+    opened = closed = 0
+    end = time.monotonic() + float(seconds)
+    announced = False
+    while time.monotonic() < end:
+        for i, s in enumerate(held):
+            if s is not None:
+                try:
+                    gone = s.recv(4096, socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if not gone:
+                    continue
+                s.close()
+                closed += 1
+            try:
+                held[i] = socket.create_connection((host, port), timeout=5)
+                opened += 1
+            except OSError:
+                held[i] = None
+        if not announced:
+            print(f"holding {sum(s is not None for s in held)} connections", flush=True)
+            announced = True
+        time.sleep(0.05)
+    for s in held:
+        if s is not None:
+            s.close()
+    report("tcp-hold", {"opened": opened, "closed by the server": closed})
+
+
 if __name__ == "__main__":
     action, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rest = sys.argv[4:]
@@ -165,4 +202,5 @@ if __name__ == "__main__":
         "http": lambda: http(host, port),
         "probe": lambda: probe(host, port),
         "udp": lambda: udp(host, port, *rest),
+        "hold-tcp": lambda: hold_tcp(host, port, *rest),
     }[action]()
