@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hvdkit.launch import auth, heartbeat, protocol
@@ -138,20 +139,31 @@ def hostile_datagrams(genuine: bytes):
 
 # ---------------------------------------------------------------- watching a run
 class Watch:
-    """Uncaught thread exceptions and hvdkit's log records seen during a run."""
+    """Uncaught thread exceptions and hvdkit's log records seen during a run.
+
+    Every record is checked as it comes; the first :attr:`KEEP` are kept (a
+    long run must not hold them all: that would be the run's leak).
+    """
+
+    KEEP = 200
 
     def __init__(self):
         self.uncaught: list[str] = []
         self.records: list[logging.LogRecord] = []
+        self.count = 0
+        self._bad: list[str] = []
+
+    def add(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        text = record.getMessage()
+        if len(text) > MAX_LOG_LINE or "\n" in text or record.exc_info:
+            self._bad.append(text[:300])
+        if len(self.records) < self.KEEP:
+            self.records.append(record)
 
     def bad_lines(self) -> list[str]:
-        """Log lines that are too long, span lines, or carry a traceback."""
-        bad = []
-        for r in self.records:
-            text = r.getMessage()
-            if len(text) > MAX_LOG_LINE or "\n" in text or r.exc_info:
-                bad.append(text[:300])
-        return bad
+        """Log lines that were too long, spanned lines, or carried a traceback."""
+        return list(self._bad)
 
 
 class _Keep(logging.Handler):
@@ -160,7 +172,7 @@ class _Keep(logging.Handler):
         self.watch = watch
 
     def emit(self, record):
-        self.watch.records.append(record)
+        self.watch.add(record)
 
 
 @contextlib.contextmanager
@@ -386,3 +398,24 @@ def strategy_for(target):
     if isinstance(target, HeartbeatTarget):
         return hostile_datagrams(target.genuine)
     return hostile_lines()
+
+
+def run_cases(target, cases: int, after_each=None) -> dict[str, int]:
+    """Feed ``target`` ``cases`` hypothesis-drawn inputs; how often each outcome came.
+
+    ``after_each(done)`` runs after every case (``done``: cases so far).
+    """
+    outcomes: dict[str, int] = {}
+
+    @settings(
+        max_examples=cases, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(data=strategy_for(target))
+    def feed(data):
+        outcome = target.feed(data)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if after_each is not None:
+            after_each(sum(outcomes.values()))
+
+    feed()
+    return outcomes

@@ -15,8 +15,7 @@ is within its bounds, and it still serves a genuine client.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from listener_targets import TARGETS, HeartbeatTarget, RendezvousTarget, strategy_for, watching
+from listener_targets import TARGETS, HeartbeatTarget, RendezvousTarget, run_cases, watching
 
 from hvdkit.launch import auth, guard, protocol
 
@@ -31,21 +30,8 @@ def target(request):
 
 
 def test_listener_survives_hostile_input(target):
-    outcomes: dict[str, int] = {}
-
-    @settings(
-        max_examples=FUZZ_CASES,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(data=strategy_for(target))
-    def feed(data):
-        outcome = target.feed(data)
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-
     with watching() as watch:
-        feed()
+        outcomes = run_cases(target, FUZZ_CASES)
         assert target.answers(), f"{target.name}: no longer serves a genuine client"
         state = target.state()
     assert watch.uncaught == [], watch.uncaught
