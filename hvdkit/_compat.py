@@ -133,6 +133,13 @@ def opaque_while_tracing(tensor):
     return tf.raw_ops.Print(input=tensor, data=[], message="", first_n=0)
 
 
+def func_graph_class() -> type:
+    """TensorFlow's ``FuncGraph`` (the graph a ``tf.function`` traces into); no public name."""
+    from tensorflow.python.framework.func_graph import FuncGraph
+
+    return FuncGraph
+
+
 def set_intra_op_threads(threads: int) -> bool:
     """Set TensorFlow's intra-op thread pool size; False if TF already started.
 

@@ -410,7 +410,7 @@ def grouped_allreduce(
                 name,
                 info,
                 lambda: runtime.backend().grouped_allreduce(
-                    ts, op, name, prescale_factor, postscale_factor
+                    ts, op, name, prescale_factor, postscale_factor, ignore_name_scope
                 ),
             )
             if compression is not None:

@@ -24,6 +24,7 @@ EXPECTED = [
     "backward_passes_per_step_buckets_equals_larger_batch",
     "sparse_and_dense_gradients_in_buckets",
     "mixed_precision_buckets_decide_on_averaged_gradients",
+    "ranks_that_built_different_optimizers_and_layers_first_still_pair",
     "step_check_raises_on_every_rank_with_buckets",
 ]
 

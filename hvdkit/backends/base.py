@@ -80,6 +80,7 @@ class Backend(abc.ABC):
         name: str | None,
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
+        ignore_name_scope: bool = False,
     ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod

@@ -116,13 +116,26 @@ class HorovodBackend(Backend):
     def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
         return hvd.allreduce(tensor, name=name, **_reduction(op, prescale_factor, postscale_factor))
 
-    def grouped_allreduce(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
-        return _by_dtype(
-            tensors,
-            lambda group: hvd.grouped_allreduce(
-                group, **_reduction(op, prescale_factor, postscale_factor)
-            ),
-        )
+    def grouped_allreduce(
+        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False
+    ):
+        # A name is Horovod's tensor name (one per dtype group: name, name.1, ...);
+        # without one Horovod names it after the tensors' graph names.
+        index = itertools.count()
+
+        def reduce(group):
+            k = next(index)
+            named = {}
+            if name is not None:
+                named = {
+                    "name": f"{name}.{k}" if k else name,
+                    "ignore_name_scope": ignore_name_scope,
+                }
+            return hvd.grouped_allreduce(
+                group, **named, **_reduction(op, prescale_factor, postscale_factor)
+            )
+
+        return _by_dtype(tensors, reduce)
 
     def allgather(self, tensor, name):
         return hvd.allgather(tensor, name=name)

@@ -60,7 +60,9 @@ class LocalBackend(Backend):
     def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
         return _reduce(tensor, prescale_factor, postscale_factor)
 
-    def grouped_allreduce(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
+    def grouped_allreduce(
+        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False
+    ):
         return [_reduce(t, prescale_factor, postscale_factor) for t in tensors]
 
     def allgather(self, tensor, name):

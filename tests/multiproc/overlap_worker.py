@@ -262,6 +262,20 @@ with c.check("mixed_precision_buckets_decide_on_averaged_gradients"):
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
+with c.check("ranks_that_built_different_optimizers_and_layers_first_still_pair"):
+    # Keras numbers optimizer and layer names per process: rank 0 builds one more
+    # of each first, so every name scope in its train step differs from rank 1's.
+    if r == 0:
+        keras.optimizers.SGD()
+        make_model()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(sgd(), bucket_bytes=0)
+    names = hvd.allgather_object(opt.name)
+    assert names[0] != names[1], names  # the situation this check is about
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(Xr, Yr, batch_size=HALF, epochs=EPOCHS, shuffle=False, verbose=0)
+    assert_close(weights(model), REF)
+
 with c.check("step_check_raises_on_every_rank_with_buckets"):
     # last: a rank one step ahead makes every rank raise, whatever the bucket
     model = make_model()
