@@ -10,20 +10,18 @@ the single entry point that ``model.fit``, ``train_on_batch``,
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Sequence
 
 import keras
 import tensorflow as tf
 
-from . import _buckets, _compat, _graph_progress, collectives, runtime
+from . import _buckets, _compat, _graph_progress, _op_names, collectives, runtime
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
 from .errors import ConfigurationError
 
 _compat.require_keras3()
-_FuncGraph = _compat.func_graph_class()
 
 __all__ = ["DistributedOptimizer", "DistributedGradientTape", "reduce_gradients"]
 
@@ -174,27 +172,6 @@ def _nbytes(t: tf.Tensor) -> int:
     return t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else t.dtype.size
 
 
-# Horovod pairs the ranks' tensors by name. Left to Horovod, a name comes from the
-# graph: the name scope holds the optimizer's name, which Keras numbers per
-# process (sgd, sgd_1, ...), so a rank that built one more optimizer (or layer)
-# first would wait forever for a name no other rank sends. hvdkit names each
-# bucket by the order of reduce_gradients calls in the function being traced
-# (cond and while bodies count in their outer function), the same on every rank.
-_calls_per_function: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _call_in_function() -> int | None:
-    """This call's index among reduce_gradients calls of the traced function; None eagerly."""
-    if tf.executing_eagerly():
-        return None
-    graph = tf.compat.v1.get_default_graph()
-    while isinstance(getattr(graph, "outer_graph", None), _FuncGraph):
-        graph = graph.outer_graph
-    index = _calls_per_function.get(graph, 0)
-    _calls_per_function[graph] = index + 1
-    return index
-
-
 def _reduce_buckets(
     buckets: list[list[int]], packed: dict, op: ReduceOp, step, compression: type[Compressor]
 ) -> dict:
@@ -208,7 +185,7 @@ def _reduce_buckets(
     ones are still on the wire (the progress marker waits for every bucket).
     """
     token = _graph_progress.waiting(step)
-    call = _call_in_function()
+    call = _op_names.stable_name("gradients")  # rank-stable Horovod names (see _op_names)
     results: dict[int, tf.Tensor] = {}
     finished = []  # one output of every bucket, for the progress marker
     marker = None
@@ -221,7 +198,7 @@ def _reduce_buckets(
         reduced = collectives.grouped_allreduce(
             tensors,
             op=op,
-            name=None if call is None else f"hvdkit.gradients.{call}.{b}",
+            name=None if call is None else f"{call}.{b}",
             ignore_name_scope=True,
         )
         if b == 0 and step is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from . import collectives, runtime
+from . import _op_names, collectives, runtime
 from .errors import ConfigurationError
 
 __all__ = ["SyncBatchNormalization"]
@@ -70,13 +70,34 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             weights = tf.cast(tf.broadcast_to(mask[..., None], tf.shape(inputs)), inputs.dtype)
         count = tf.reduce_sum(weights, axis=axes)
         total = tf.reduce_sum(weights * inputs, axis=axes)
-        count, total = tf.unstack(
-            collectives.allreduce(tf.stack([count, total]), op=collectives.Sum)
-        )
+        count, total = tf.unstack(_job_sum(tf.stack([count, total])))
         # An all-masked job has count 0: keep Keras's epsilon guard for that case.
         denom = count if mask is None else count + keras.backend.epsilon()
         mean = total / denom
         shape = [1 if i in axes else -1 for i in range(len(inputs.shape))]
         squared = tf.reduce_sum(weights * tf.square(inputs - tf.reshape(mean, shape)), axis=axes)
-        variance = collectives.allreduce(squared, op=collectives.Sum) / denom
+        variance = _job_sum(squared) / denom
         return mean, variance
+
+
+def _job_sum(x: tf.Tensor) -> tf.Tensor:
+    """Sum of ``x`` over ranks, forward and backward under rank-stable Horovod names.
+
+    Horovod's own gradient of an allreduce names its allreduce after the
+    gradient tensor, whose name holds the layer's per-process Keras name; a rank
+    that built one more layer first would wait forever (see hvdkit._op_names).
+    """
+    name = _op_names.stable_name("sync_batch_norm")
+
+    def job_sum(t, label):
+        if name is None:  # eager: Horovod names eager calls itself
+            return collectives.allreduce(t, op=collectives.Sum)
+        return collectives.grouped_allreduce(
+            [t], op=collectives.Sum, name=f"{name}.{label}", ignore_name_scope=True
+        )[0]
+
+    @tf.custom_gradient
+    def summed(t):
+        return job_sum(t, "forward"), lambda dy: job_sum(dy, "backward")
+
+    return summed(x)

@@ -276,6 +276,28 @@ with c.check("ranks_that_built_different_optimizers_and_layers_first_still_pair"
     model.fit(Xr, Yr, batch_size=HALF, epochs=EPOCHS, shuffle=False, verbose=0)
     assert_close(weights(model), REF)
 
+with c.check("sync_batch_norm_trains_like_one_process_after_different_layers_were_built"):
+    # SyncBatchNormalization's allreduces (forward, and backward through its
+    # gradient) must pair although rank 0 numbered its layers differently.
+    def bn_model(layer):
+        keras.utils.set_random_seed(5)
+        return keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16), layer(), keras.layers.Dense(3)]
+        )
+
+    want = bn_model(lambda: keras.layers.BatchNormalization(momentum=0.5))
+    want.compile(optimizer=sgd(), loss=LOSS)
+    want.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    if r == 0:
+        bn_model(hvd.SyncBatchNormalization)  # one more of each layer on rank 0
+    got = bn_model(lambda: hvd.SyncBatchNormalization(momentum=0.5))
+    names = hvd.allgather_object(got.layers[1].name)
+    assert names[0] != names[1], names
+    got.compile(optimizer=hvd.DistributedOptimizer(sgd()), loss=LOSS)
+    got.fit(Xr, Yr, batch_size=HALF, epochs=EPOCHS, shuffle=False, verbose=0)
+    assert_close(weights(got), weights(want), rtol=1e-4, atol=1e-5)
+    assert_same_on_all_ranks(weights(got), "sync batch norm")
+
 with c.check("step_check_raises_on_every_rank_with_buckets"):
     # last: a rank one step ahead makes every rank raise, whatever the bucket
     model = make_model()
