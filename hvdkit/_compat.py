@@ -133,11 +133,11 @@ def opaque_while_tracing(tensor):
     return tf.raw_ops.Print(input=tensor, data=[], message="", first_n=0)
 
 
-def func_graph_class() -> type:
-    """TensorFlow's ``FuncGraph`` (the graph a ``tf.function`` traces into); no public name."""
-    from tensorflow.python.framework.func_graph import FuncGraph
+def control_flow_graph_classes() -> tuple[type, ...]:
+    """The graphs TensorFlow traces ``cond`` branches and ``while`` bodies into (no public name)."""
+    from tensorflow.python.ops import control_flow_v2_func_graphs as graphs
 
-    return FuncGraph
+    return (graphs.CondBranchFuncGraph, graphs.WhileCondFuncGraph, graphs.WhileBodyFuncGraph)
 
 
 def set_intra_op_threads(threads: int) -> bool:

@@ -17,9 +17,12 @@ TF_VERSION="2.21.0"
 KERAS_VERSION="3.15.1"
 HOROVOD_VERSION="0.28.1"
 # MPI and the headers TF's XLA headers include; a C++ toolchain and cmake for
-# the Horovod build; Python 3.11 with venv; iproute2 for the namespace tests.
+# the Horovod build; Python 3.11 with venv; iproute2 for the namespace tests;
+# OpenSSH's server and client for the test of hvdkitrun -H between two
+# namespaces (the test starts its own sshd in each; no system sshd is started).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev
-              g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2)
+              g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2
+              openssh-server openssh-client)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0
@@ -34,7 +37,17 @@ if ((${#missing[@]})); then
         log "installing Debian packages: ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        # Install without starting services (Debian's policy-rc.d, exit 101 = deny):
+        # openssh-server would otherwise start a system sshd on port 22.
+        policy=/usr/sbin/policy-rc.d
+        own_policy=0
+        if [[ ! -e "$policy" ]]; then
+            printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
+        fi
+        rc=0
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+        if ((own_policy)); then rm -f "$policy"; fi
+        ((rc == 0)) || exit "$rc"
         changed=1
     else
         echo "hvdkit needs these Debian packages: ${missing[*]}" >&2
