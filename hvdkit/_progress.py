@@ -25,8 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 
-# heartbeat fields: completed collectives, the collective waited in, seconds waited
-COMPLETED, WAITING, WAITED_S = "cc", "w", "ws"
+# heartbeat fields: completed collectives, the collective waited in, seconds waited,
+# the step this rank stopped after for a preemption (hvdkit.preemption)
+COMPLETED, WAITING, WAITED_S, PREEMPTED = "cc", "w", "ws", "pre"
 
 _lock = threading.Lock()
 _tokens = itertools.count(1)
@@ -35,6 +36,7 @@ _completed = 0
 # A probe returns (collectives it saw completed, [(description, start), ...] waited in).
 Probe = Callable[[], tuple[int, list[tuple[str, float]]]]
 _probes: list[Probe] = []
+_preempted_step: int | None = None
 
 
 def label(what: str, step: int | None = None) -> str:
@@ -75,10 +77,21 @@ def _snapshot() -> tuple[int, list[tuple[str, float]]]:
     return done, waits
 
 
+def mark_preempted(step: int) -> None:
+    """From now on, heartbeats say this rank stopped after ``step`` for a preemption."""
+    global _preempted_step
+    _preempted_step = int(step)
+
+
 def status() -> dict:
-    """Heartbeat fields: collectives completed so far, and the oldest one still waited in."""
+    """Heartbeat fields: collectives completed so far, the oldest one still waited in.
+
+    And, once :func:`mark_preempted` was called, the step of the preemption.
+    """
     done, waits = _snapshot()
     fields = {COMPLETED: done}
+    if _preempted_step is not None:
+        fields[PREEMPTED] = _preempted_step
     if waits:
         what, start = min(waits, key=lambda v: v[1])
         fields[WAITING] = what

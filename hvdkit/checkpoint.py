@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from . import _checkpoint_files as files
-from . import _compat, collectives, errors, runtime
+from . import _compat, collectives, errors, preemption, runtime
 from ._validate import check_int
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
@@ -106,6 +106,11 @@ class Checkpointer:
         keep: Checkpoints kept (the newest ``keep``; older ones are deleted).
         extra: A JSON-able dict saved with every checkpoint; :meth:`restore`
             replaces its contents with the saved ones.
+        preemption: Stop for ``SIGTERM`` at a step every rank agrees on, after
+            saving it (:mod:`hvdkit.preemption`): :meth:`restore` installs the
+            handler, the schedule (the callback, :meth:`maybe_save`) checks it,
+            and every rank raises :class:`~hvdkit.preemption.Preempted` (exit
+            status 75). ``False`` leaves ``SIGTERM`` alone.
 
     Attributes:
         step: Training steps done (restored by :meth:`restore`, counted by
@@ -139,6 +144,7 @@ class Checkpointer:
         every_seconds: float | None = None,
         keep: int = 3,
         extra: dict | None = None,
+        preemption: bool = True,
     ):
         if not isinstance(directory, (str, os.PathLike)):
             raise ConfigurationError(
@@ -192,6 +198,8 @@ class Checkpointer:
         self._check_time = time.monotonic()
         self._check_step = 0
         self._scheduled_step = 0  # last step the schedule looked at
+        self._preemption_wanted = bool(preemption)
+        self._preemption = None  # a preemption.Watch, installed by restore()
 
     def __repr__(self) -> str:
         return (
@@ -344,6 +352,8 @@ class Checkpointer:
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars
         root, multi = runtime.rank() == 0, runtime.size() > 1
+        if self._preemption_wanted:
+            self._preemption = preemption.watch()
         header: dict = {"ok": True, "state": None}
         failure = None
         if root:
@@ -496,11 +506,37 @@ class Checkpointer:
             ...     sampler.advance(len(y)); step += 1
             ...     ckpt.maybe_save(step)
         """
-        if self.due(step):
+        saved = self.due(step)
+        if saved:
             self.save(step)
-            return True
-        self.step = int(step)
-        return False
+        else:
+            self.step = int(step)
+        if self._preemption is not None and self._preemption.decide(step):
+            self._stop_for_preemption(int(step), saved)
+        return saved
+
+    def _stop_for_preemption(self, step: int, saved: bool) -> None:
+        """Every rank: make sure ``step`` is saved and on disk, then raise Preempted."""
+        outcome = {"ok": True}
+        if runtime.rank() == 0:
+            try:
+                if not saved:
+                    self.save(step)
+            except Exception as e:  # every rank must learn of it, or the others wait
+                outcome = {"ok": False, "message": f"{type(e).__name__}: {e}"}
+                failure = e
+        else:
+            self.save(step)  # records the step; rank 0 writes
+        if runtime.size() > 1:  # nobody leaves before rank 0's checkpoint is written
+            outcome = collectives.broadcast_object(outcome, 0)
+        if not outcome["ok"]:
+            if runtime.rank() == 0:
+                raise failure
+            raise HvdkitError(
+                f"preempted after step {step}, but rank 0 could not save it: {outcome['message']}"
+            )
+        self._preemption.stopped(step)
+        raise preemption.Preempted(step, self.last_path if runtime.rank() == 0 else None)
 
     def callback(self, batch_size: int | None = None) -> keras.callbacks.Callback:
         """A Keras callback that counts steps and saves on the schedule during ``fit``.

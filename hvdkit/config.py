@@ -30,6 +30,7 @@ MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (defa
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
+PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"
@@ -41,6 +42,8 @@ SCHED_TIMEOUT = "HVDKIT_SCHED_TIMEOUT"  # seconds to wait for all workers (defau
 TOKEN_FILE = "HVDKIT_TOKEN_FILE"  # where run_scheduler.sh leaves a generated token
 MIN_WORKERS = "HVDKIT_MIN_WORKERS"  # continue a restarted job on this many (default: all)
 REPLACE_TIMEOUT = "HVDKIT_REPLACE_TIMEOUT"  # seconds to wait for replacement workers
+DEFAULT_PREEMPT_GRACE_S = 25.0  # Kubernetes waits 30 s after SIGTERM by default
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped for SIGTERM with a checkpoint; run again
 DEFAULT_SCHED_PORT = 29500  # the scheduler's TCP port when none is set
 MINDSPORE_ALIASES = {
     ROLE: "MS_ROLE",
@@ -130,3 +133,26 @@ def launched_size() -> int | None:
                 )
             return size
     return None
+
+
+def preempt_grace() -> float:
+    """Seconds from ``SIGTERM`` to the end of the job: ``HVDKIT_PREEMPT_GRACE``, else 25.
+
+    Raises:
+        ConfigurationError: the value is not a number > 0.
+    """
+    from .errors import ConfigurationError
+
+    raw = get(PREEMPT_GRACE)
+    if raw is None:
+        return DEFAULT_PREEMPT_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(
+            f"{PREEMPT_GRACE}={raw!r} is not a grace period; give the seconds a job has "
+            f"between SIGTERM and being killed (> 0, default {DEFAULT_PREEMPT_GRACE_S:g})."
+        )
+    return value

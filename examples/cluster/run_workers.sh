@@ -5,8 +5,9 @@
 #       examples/cluster/run_workers.sh 4 python train.py
 #
 # Each worker's output is prefixed with its rank; with HVDKIT_LOG_DIR set it
-# also goes to $HVDKIT_LOG_DIR/rank.N/{stdout,stderr}. Exits non-zero if any
-# worker failed; Ctrl-C or SIGTERM stops all of them. On the scheduler's
+# also goes to $HVDKIT_LOG_DIR/rank.N/{stdout,stderr}. Exits with the first
+# non-zero status of a worker (75: the job was preempted and can resume);
+# SIGTERM, Ctrl-C and SIGHUP are passed on to the workers. On the scheduler's
 # machine the token is read from the file run_scheduler.sh wrote, if
 # HVDKIT_JOB_TOKEN is not set.
 set -euo pipefail
@@ -32,14 +33,24 @@ if [[ -z "${HVDKIT_JOB_TOKEN:-}" ]]; then
 fi
 export HVDKIT_SCHED_PORT="$port"
 pids=()
-# Background jobs of a script ignore SIGINT: forward it (and TERM/HUP) ourselves.
-trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM HUP
+# A signal is passed on to every worker, which passes it on to its rank: on
+# SIGTERM the job stops at a common step with a checkpoint (exit 75, see
+# docs/fault-tolerance.md), so keep waiting for the workers to finish.
+for sig in TERM INT HUP; do
+    trap "kill -$sig \${pids[*]} 2>/dev/null || true" "$sig"
+done
 for ((i = 0; i < num_local; i++)); do
     HVDKIT_ROLE=worker "$HVDKITRUN" "$@" &
     pids+=($!)
 done
-status=0
+status=0  # the first worker's non-zero status (75: preempted, resumable)
 for pid in "${pids[@]}"; do
-    wait "$pid" || status=1
+    while true; do
+        wait "$pid" && rc=0 || rc=$?
+        # a trapped signal ends `wait` early (status > 128) while the worker runs on
+        if ((rc > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+        break
+    done
+    if ((rc != 0 && status == 0)); then status=$rc; fi
 done
 exit "$status"

@@ -32,10 +32,12 @@ from . import auth, processes, restart
 from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
+from .preempt import SigtermForwarding, preempted_step
 from .restart import RestartBudget, resume_step
 from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
 
 EXIT_STALLED = 124  # as timeout(1)
+EXIT_PREEMPTED = config.EXIT_PREEMPTED  # stopped for SIGTERM at a checkpoint: run again
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -341,11 +343,22 @@ def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[i
     monitor = HeartbeatMonitor(token, bind_host=bind)
     env = {**env, config.MONITOR_ADDR: monitor_addr(seen_as, monitor.port, monitor.receiver)}
     known: dict[int, object] = {}
+    stop_now: list[str] = []  # why the job is stopped at once (supervise's stop reasons)
+    forward = SigtermForwarding(config.preempt_grace(), out.launcher_line, "hvdkitrun")
 
     def track_local_ranks():
         for r, pid in monitor.local_pids().items():
             if known.get(r) is None:  # only processes in our own tree
                 known[r] = processes.descendant(child.pid, pid)
+
+    def on_tick():
+        track_local_ranks()
+        if interrupted and not stop_now:
+            others = [s for s in interrupted if s != "SIGTERM"]
+            if others:  # Ctrl-C, SIGHUP: stop now
+                stop_now.append(others[0])
+            elif not forward.tick([p for p in known.values() if p is not None]):
+                stop_now.append("SIGTERM")
 
     def announce_stall(stalled):
         if stalled:
@@ -364,7 +377,7 @@ def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[i
         child = processes.spawn(cmd, env)
         pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
         ended = processes.supervise(
-            child, monitor, stall, interrupted, on_tick=track_local_ranks, on_stop=announce_stall
+            child, monitor, stall, stop_now, on_tick=on_tick, on_stop=announce_stall
         )
         for t in pumps:
             t.join(timeout=5)
@@ -372,8 +385,15 @@ def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[i
         if leftovers:
             out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
         exited_ok = _finished_ranks(monitor)
+        preempted = preempted_step(monitor)
     finally:
         monitor.close()
+    if preempted is not None:
+        out.launcher_line(
+            f"hvdkitrun: preempted: every rank stopped after step {preempted}, which the "
+            "checkpoint holds; run the same command again to resume from it."
+        )
+        return EXIT_PREEMPTED, None
     return _outcome(ended, out, stall, interrupted, exited_ok)
 
 

@@ -14,14 +14,17 @@ runner only (the rendezvous server, guarded in :mod:`hvdkit.launch.guard`);
 
 Messages (one JSON object per line, :mod:`hvdkit.launch.protocol`):
 scheduler -> worker ``assign`` (with ``round``), ``abort`` (with ``round``),
-``done`` (with the job's ``code``); worker -> scheduler ``register``,
-``exit`` (with ``round``).
+``preempt`` (with ``round``: the scheduler got ``SIGTERM``), ``done`` (with
+the job's ``code``); worker -> scheduler ``register``, ``exit`` (with
+``round``; code 75 and "preempted after step N" for a preemption).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import signal
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from .restart import RestartBudget, resume_step
 
 log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
+SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
 ABORT_WAIT_S = 30.0
 DEFAULT_REPLACE_TIMEOUT_S = 10.0
 
@@ -110,9 +114,10 @@ def layout_for(regs: list) -> list[dict]:
 class RoundResult:
     """How one round of the job ended."""
 
-    culprit: int | None = None  # None: every rank finished with status 0
+    culprit: int | None = None  # None: every rank finished with status 0, or was preempted
     detail: str = ""
     tail: tuple = ()
+    preempted: str = ""  # a rank's "preempted after step N": the job stopped for SIGTERM
 
     @property
     def cause(self) -> str:
@@ -161,6 +166,7 @@ class Scheduler:
         self._doings: dict[int, dict[int, str]] = {}
         self._doings_lock = threading.Lock()
         self._closing = threading.Event()
+        self._sigterm: list[str] = []  # filled by the SIGTERM handler run() installs
         self._admission: protocol.Admission | None = None  # started by _accept_one
 
     # ------------------------------------------------------------ registration
@@ -239,34 +245,60 @@ class Scheduler:
             threading.Thread(target=self._accept_newcomers, daemon=True).start()
         everyone = list(regs)
         try:
-            while True:
-                result = self._round(regs, self.budget.restarts)
-                if result.culprit is None:
-                    log.info("all %d ranks finished successfully", len(regs))
-                    return self._finish(everyone, 0)
-                delay = self.budget.record(result.cause)
-                shown = "\n".join(f"    {ln}" for ln in result.tail) or "    (no output)"
-                if delay is None:
-                    log.error("job failed: %s; its last lines:\n%s", result.cause, shown)
-                    if self.budget.limit:
-                        log.error("%s", self.budget.summary())
-                    return self._finish(everyone, 1)
-                log.error("round failed: %s; its last lines:\n%s", result.cause, shown)
-                checkpoints = resume_step(config.get(config.CHECKPOINT_DIR))
-                log.warning("%s", self.budget.restart_line("scheduler", checkpoints))
-                time.sleep(delay)
-                try:
-                    regs = self._gather([r for r in regs if not r.gone])
-                except LaunchError as exc:
-                    log.error("job failed: %s", exc)
-                    log.error("%s", self.budget.summary())
-                    return self._finish(everyone, 1)
-                everyone.extend(r for r in regs if r not in everyone)
+            with self._noting_sigterm():
+                return self._rounds(regs, everyone)
         finally:
             self._closing.set()
             self.sock.close()
             for r in everyone:
                 r.channel.close()
+
+    @contextlib.contextmanager
+    def _noting_sigterm(self):
+        """While rounds run, SIGTERM is passed on to the workers (a preemption), not fatal."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers live on the main thread; SIGTERM stays fatal
+            return
+        previous = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append("SIGTERM"))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _rounds(self, regs: list[Registration], everyone: list[Registration]) -> int:
+        """Run rounds until the job succeeds, is preempted, or runs out of restarts."""
+        while True:
+            result = self._round(regs, self.budget.restarts)
+            if result.culprit is None and result.preempted:
+                log.warning(
+                    "job preempted: every rank %s; start the same job again to resume",
+                    result.preempted,
+                )
+                return self._finish(everyone, config.EXIT_PREEMPTED)
+            if result.culprit is None:
+                log.info("all %d ranks finished successfully", len(regs))
+                return self._finish(everyone, 0)
+            shown = "\n".join(f"    {ln}" for ln in result.tail) or "    (no output)"
+            if self._sigterm:  # told to stop: no restart
+                log.error("job stopped after SIGTERM: %s; its last lines:\n%s", result.cause, shown)
+                return self._finish(everyone, 128 + signal.SIGTERM)
+            delay = self.budget.record(result.cause)
+            if delay is None:
+                log.error("job failed: %s; its last lines:\n%s", result.cause, shown)
+                if self.budget.limit:
+                    log.error("%s", self.budget.summary())
+                return self._finish(everyone, 1)
+            log.error("round failed: %s; its last lines:\n%s", result.cause, shown)
+            checkpoints = resume_step(config.get(config.CHECKPOINT_DIR))
+            log.warning("%s", self.budget.restart_line("scheduler", checkpoints))
+            time.sleep(delay)
+            try:
+                regs = self._gather([r for r in regs if not r.gone])
+            except LaunchError as exc:
+                log.error("job failed: %s", exc)
+                log.error("%s", self.budget.summary())
+                return self._finish(everyone, 1)
+            everyone.extend(r for r in regs if r not in everyone)
 
     def _finish(self, regs: list[Registration], code: int) -> int:
         while True:  # workers waiting to replace someone are told too
@@ -360,19 +392,29 @@ class Scheduler:
         exited_ok: list[int] = []
         grace_until = None
         described = False  # the other workers were asked what their ranks do
+        preempt_sent = False
         # A worker lost before its listener saw this round's assignment.
         for r in regs:
             if r.gone:
                 self.events.put((r, None, -1, self._lost(r), []))
+        preempted = ""  # a rank's report "preempted after step N"
         while remaining:
-            timeout = None if grace_until is None else max(0.0, grace_until - time.monotonic())
+            if self._sigterm and not preempt_sent:
+                self._preempt(remaining, round_)
+                preempt_sent = True
+            timeout = SIGNAL_POLL_S if grace_until is None else grace_until - time.monotonic()
             try:
-                reg, rnd, code, detail, tail = self.events.get(timeout=timeout)
+                reg, rnd, code, detail, tail = self.events.get(timeout=max(0.0, timeout))
             except queue.Empty:
+                if grace_until is None:
+                    continue  # only a look at the signals
                 break  # grace over: stop the rest
             if reg not in remaining or (rnd is not None and rnd != round_):
                 continue  # a late report of an earlier round
             rank = remaining.pop(reg)
+            if code == config.EXIT_PREEMPTED:
+                preempted = preempted or detail
+                continue
             if code == 0:
                 if not failures:
                     exited_ok.append(rank)
@@ -389,7 +431,7 @@ class Scheduler:
                 # collect them briefly so the report names the right one.
                 grace_until = time.monotonic() + FAILURE_GRACE_S
         if not failures:
-            return RoundResult()
+            return RoundResult(preempted=preempted)
         tails = {rank: tail for rank, (_, tail) in failures.items()}
         blame = root_cause(list(failures), tails, exited_ok)
         culprit = blame.rank
@@ -423,6 +465,18 @@ class Scheduler:
                 r.gone = True
                 r.channel.close()
         return RoundResult(culprit, detail, tuple(tail))
+
+    def _preempt(self, regs, round_: int) -> None:
+        """Pass the scheduler's SIGTERM on: every worker forwards it to its rank."""
+        log.warning(
+            "SIGTERM: asking the %d workers to stop their ranks at a common step and "
+            "checkpoint it (grace period %g s, %s)",
+            len(regs),
+            config.preempt_grace(),
+            config.PREEMPT_GRACE,
+        )
+        for r in regs:
+            r.send(type="preempt", round=round_, reason="the scheduler received SIGTERM")
 
     @staticmethod
     def _lost(reg: Registration) -> str:

@@ -16,6 +16,7 @@ import random
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import psutil
@@ -26,6 +27,7 @@ from . import processes, protocol
 from .failures import describe_exit
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
+from .preempt import SigtermForwarding, preempted_step
 from .protocol import Channel
 
 log = logging.getLogger("hvdkit.worker")
@@ -104,8 +106,8 @@ def run_worker(
                         code = _run_program(
                             ch, inbox, msg, sched_host, token, command, stall, out, signals
                         )
-                        if signals:
-                            return 1
+                        if signals:  # told to stop: no next round for this worker
+                            return code if code == config.EXIT_PREEMPTED else 1
                     msg = inbox.next()
         finally:
             out.close()
@@ -117,11 +119,22 @@ def run_worker(
         ch.close()
 
 
+@dataclass
+class _Round:
+    """The round a worker runs its program for, as the inbox thread sees it."""
+
+    number: int
+    reasons: list[str]  # why to stop the program now (aborts, a lost scheduler)
+    monitor: HeartbeatMonitor | None  # answers the scheduler's "describe"
+    preempt: list[str] = field(default_factory=list)  # the scheduler's "preempt", if it came
+
+
 class _Inbox:
     """Reads the scheduler's messages on a thread for the worker's whole life.
 
     ``abort`` for the round being run goes to that round's stop reasons (as
-    does a lost connection); ``describe`` is answered at once with what the
+    does a lost connection); ``preempt`` (the scheduler got ``SIGTERM``) to
+    its :attr:`_Round.preempt`; ``describe`` is answered at once with what the
     round's ranks are doing (a ``state`` message, from the heartbeat monitor);
     everything else is queued for :meth:`next`.
     """
@@ -129,7 +142,7 @@ class _Inbox:
     def __init__(self, ch: Channel):
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._round: tuple[int, list[str], HeartbeatMonitor | None] | None = None
+        self._round: _Round | None = None
         threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
 
     def _loop(self, ch: Channel) -> None:
@@ -141,38 +154,33 @@ class _Inbox:
                     log.error("reading the scheduler's messages failed: %s", type(exc).__name__)
                 msg = None
             with self._lock:
+                running = self._round
                 if msg is None:
-                    if self._round is not None:
-                        self._round[1].append("lost the connection to the scheduler")
+                    if running is not None:
+                        running.reasons.append("lost the connection to the scheduler")
                     self._queue.put(None)
                     return
-                current = self._round is not None and msg.get("round", 0) == self._round[0]
-                if msg.get("type") == "abort":
+                current = running is not None and msg.get("round", 0) == running.number
+                kind = msg.get("type")
+                if kind in ("abort", "preempt"):  # a late one is of a round that ended
                     if current:
-                        self._round[1].append(str(msg.get("reason")))
-                    continue  # a late abort of a round that already ended
-                if msg.get("type") == "describe":
-                    if current and self._round[2] is not None:
-                        doings = {str(r): d for r, d in self._round[2].doings().items()}
+                        said = str(msg.get("reason"))
+                        (running.reasons if kind == "abort" else running.preempt).append(said)
+                    continue
+                if kind == "describe":
+                    if current and running.monitor is not None:
+                        doings = {str(r): d for r, d in running.monitor.doings().items()}
                         try:
-                            ch.send(type="state", round=self._round[0], ranks=doings)
+                            ch.send(type="state", round=running.number, ranks=doings)
                         except OSError:
                             pass  # the scheduler is gone; the lost connection ends the round
                     continue
                 self._queue.put(msg)
 
-    def running(
-        self,
-        round_: int | None,
-        reasons: list[str] | None = None,
-        monitor: HeartbeatMonitor | None = None,
-    ) -> None:
-        """Route ``round_``'s aborts to ``reasons`` and its ``describe`` to ``monitor``.
-
-        ``round_=None``: no program is running.
-        """
+    def running(self, round_: _Round | None) -> None:
+        """Route the messages of ``round_`` to it; ``None``: no program is running."""
         with self._lock:
-            self._round = None if round_ is None else (round_, reasons, monitor)
+            self._round = round_
 
     def next(self) -> dict | None:
         return self._queue.get()
@@ -282,6 +290,20 @@ def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -
         pass  # the scheduler is gone; it has its own account of this rank
 
 
+def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
+    """The rank processes of ``child``'s tree that sent heartbeats (``child`` itself, usually)."""
+    found = []
+    for pid in monitor.local_pids().values():
+        if pid == child.pid:
+            try:
+                found.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        elif (proc := processes.descendant(child.pid, pid)) is not None:
+            found.append(proc)
+    return found
+
+
 def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, signals) -> int:
     """Run ``command`` as the rank of one round, report how it ended; returns its status."""
     rank, round_ = assign["rank"], int(assign.get("round", 0))
@@ -309,12 +331,19 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
     env[config.MONITOR_ADDR] = monitor_addr("127.0.0.1", monitor.port, monitor.receiver)
     env[config.JOB_TOKEN] = token
-    reasons: list[str] = []
-    inbox.running(round_, reasons, monitor)
+    running = _Round(round_, [], monitor)
+    reasons = running.reasons
+    inbox.running(running)
+    forward = SigtermForwarding(config.preempt_grace(), log.warning, f"worker (rank {rank})")
 
     def on_tick():
-        if signals and not reasons:
-            reasons.append(f"received {signals[0]}")
+        if reasons:
+            return
+        others = [s for s in signals if s != "SIGTERM"]
+        if others:  # Ctrl-C, SIGHUP: stop now
+            reasons.append(f"received {others[0]}")
+        elif ("SIGTERM" in signals or running.preempt) and not forward.tick(_ranks(child, monitor)):
+            reasons.append("received SIGTERM" if "SIGTERM" in signals else running.preempt[0])
 
     def on_stop(stalled):
         if stalled:
@@ -336,10 +365,17 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
         )
         for t in pumps:
             t.join(timeout=5)
+        preempted = preempted_step(monitor)
     finally:
         inbox.running(None)
         monitor.close()
     code = ended.returncode
+    if preempted is not None:
+        code, detail = config.EXIT_PREEMPTED, f"preempted after step {preempted}"
+        log.warning("rank %d stopped after step %d for a preemption", rank, preempted)
+        _report(ch, round_, code, detail, out.tail(rank))
+        out.reset_tails()
+        return code
     if ended.stalled:
         silent = ended.stalled[0][1]
         detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"

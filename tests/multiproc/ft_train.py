@@ -13,7 +13,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
     python ft_train.py OUTDIR [--mode fit|sink|loop|data_sink] [--ckpt DIR]
         [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
-        [--crash-in-save STEP] [--attempt A]
+        [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
+        [--step-sleep S]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -31,6 +32,11 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
 * Crashes happen only on the first attempt: ``--attempt`` (default
   ``$HVDKIT_RESTART_COUNT``, else 0) is 0 and the job did not resume past STEP.
 * ``--ckpt``: checkpoint folder, default ``OUTDIR/ckpt``.
+* ``--hold STEP --hold-until FILE``: on the first attempt, every rank writes
+  ``OUTDIR/held-r<R>`` (its pid) inside step STEP and waits there until FILE
+  exists (the preemption tests send SIGTERM meanwhile).
+* ``--step-sleep S``: every step sleeps S seconds after its update, so the
+  steps after a hold take at least that long on any machine.
 
 Output, in OUTDIR, per attempt ``A`` and rank ``R``:
 
@@ -49,6 +55,7 @@ import json
 import os
 import signal
 import sys
+import time
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -78,6 +85,9 @@ def parse_args(argv):
     p.add_argument("--crash-how", choices=["kill", "stop", "exit"], default="kill")
     p.add_argument("--crash-in-save", type=int, default=None)
     p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("--hold", type=int, default=None)
+    p.add_argument("--hold-until", default=None)
+    p.add_argument("--step-sleep", type=float, default=0.0)
     return p.parse_args(argv)
 
 
@@ -114,6 +124,21 @@ def record(step, ids):
         and STATE["resumed_from"] < step
     ):
         kill_self(f"inside training step {step}", ARGS.crash_how)
+    if ARGS.hold == step and ATTEMPT == 0 and STATE["resumed_from"] < step:
+        hold(step)
+    if ARGS.step_sleep:
+        time.sleep(ARGS.step_sleep)
+
+
+def hold(step):
+    """Say where we are (pid in OUTDIR/held-r<R>), then wait for --hold-until to exist."""
+    with open(os.path.join(ARGS.outdir, f"held-r{RANK}"), "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 600  # only a broken test gets near this
+    while not os.path.exists(ARGS.hold_until):
+        if time.monotonic() > deadline:
+            kill_self(f"held at step {step} for 600 s without {ARGS.hold_until}", "exit")
+        time.sleep(0.05)
 
 
 def record_op(step, ids, updated):

@@ -119,15 +119,18 @@ def test_a_worker_answers_describe_for_its_running_round_only(monitor):
     import socket
 
     from hvdkit.launch import protocol
-    from hvdkit.launch.worker import _Inbox
+    from hvdkit.launch.worker import _Inbox, _Round
 
     beat(monitor, 0, cc=7)
     a, b = socket.socketpair()
     sched, worker = protocol.Channel(a), protocol.Channel(b)
     inbox = _Inbox(worker)
-    reasons: list[str] = []
-    inbox.running(2, reasons, monitor)
+    running = _Round(2, [], monitor)
+    reasons = running.reasons
+    inbox.running(running)
+    sched.send(type="preempt", round=1, reason="old")  # an earlier round's: ignored
     sched.send(type="describe", round=1)  # an earlier round: no answer
+    sched.send(type="preempt", round=2, reason="the scheduler received SIGTERM")
     sched.send(type="describe", round=2)
     answer = sched.recv(deadline=time.monotonic() + 60)
     assert answer == {
@@ -140,6 +143,7 @@ def test_a_worker_answers_describe_for_its_running_round_only(monitor):
     sched.send(type="done", code=0)
     assert inbox.next() == {"type": "done", "code": 0}
     assert reasons == []
+    assert running.preempt == ["the scheduler received SIGTERM"]  # read before the answer
     a.close()
     b.close()
 

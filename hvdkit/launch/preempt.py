@@ -1,0 +1,89 @@
+"""The launcher's side of a preemption: pass ``SIGTERM`` on to the ranks and give them time.
+
+``hvdkitrun`` and a worker do the same: on ``SIGTERM`` they send it once to
+each rank process of theirs (ranks found by their heartbeats, and only
+processes in the launcher's own tree), keep supervising for the grace period
+(``HVDKIT_PREEMPT_GRACE``) while the ranks agree on a step and checkpoint it
+(:mod:`hvdkit.preemption`), and stop the job only if it has not ended by
+then. The ranks' heartbeats say the step they stopped after
+(:func:`preempted_step`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import psutil
+
+from .. import _progress, config
+
+
+class SigtermForwarding:
+    """Forward ``SIGTERM`` to the ranks, then wait out the grace period; see :meth:`tick`.
+
+    Example:
+        >>> forward = SigtermForwarding(25.0, print, "hvdkitrun")
+        >>> forward.tick(rank_processes)   # True: the ranks are given time; False: stop now
+    """
+
+    def __init__(self, grace_s: float, say: Callable[[str], None], who: str):
+        self.grace_s, self._say, self._who = grace_s, say, who
+        self.sent_at: float | None = None
+        self._signalled: set[int] = set()
+
+    def tick(self, ranks: list[psutil.Process]) -> bool:
+        """Called every poll once ``SIGTERM`` arrived; False when the job must be stopped now.
+
+        The first call forwards the signal (and later calls to ranks that
+        reported since). False at once if no rank of the job runs here (none
+        has sent a heartbeat yet: none can have a checkpoint to write), and
+        once the grace period is over.
+        """
+        now = time.monotonic()
+        fresh = [p for p in ranks if p.pid not in self._signalled]
+        for p in fresh:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+            self._signalled.add(p.pid)
+        if self.sent_at is None:
+            if not fresh:
+                self._say(
+                    f"{self._who}: SIGTERM before any rank here started hvdkit "
+                    "(no heartbeat yet): stopping the job."
+                )
+                return False
+            self.sent_at = now
+            self._say(
+                f"{self._who}: SIGTERM: asked {len(fresh)} rank process(es) to stop at a step "
+                f"every rank agrees on and checkpoint it; grace period {self.grace_s:g} s "
+                f"({config.PREEMPT_GRACE})."
+            )
+            return True
+        if now - self.sent_at > self.grace_s:
+            self._say(
+                f"{self._who}: the ranks did not stop within the grace period of "
+                f"{self.grace_s:g} s after SIGTERM (does the script save with an "
+                "hvdkit.Checkpointer? see docs/fault-tolerance.md); stopping the job. It "
+                "resumes from its last checkpoint."
+            )
+            return False
+        return True
+
+
+def preempted_step(monitor) -> int | None:
+    """The step the ranks stopped after for a preemption, from their heartbeats; else None.
+
+    ``monitor`` is a :class:`~hvdkit.launch.heartbeat.HeartbeatMonitor`.
+    Every rank stops after the same step; if reports differ (they cannot, short
+    of a bug) the smallest is given, the safe one to resume from.
+    """
+    steps = []
+    for status in list(monitor.ranks.values()):
+        value = status.info.get(_progress.PREEMPTED)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            steps.append(value)
+    return min(steps) if steps else None
