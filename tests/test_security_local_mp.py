@@ -54,8 +54,8 @@ for pid in os.listdir("/proc"):
             out["hits"].append([int(pid), name])
         if marker in data:
             out["job"][name] += 1
-        for part in data.replace(b" ", b"\0").split(b"\0"):
-            if part.startswith(b"HVDKIT_TOKEN_FILE="):
+        for part in data.replace(b" ", b"\0").split(b"\0") if marker in data else ():
+            if part.startswith(b"HVDKIT_TOKEN_FILE="):  # of this job (other tests run jobs too)
                 path = part.split(b"=", 1)[1].decode(errors="replace")
                 try:
                     with open(path, "rb") as f:

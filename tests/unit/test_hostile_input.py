@@ -277,6 +277,11 @@ def test_worker_with_a_wrong_token_is_not_retried():
     try:
         with pytest.raises(LaunchError, match="refused this worker: bad job token.*job token"):
             worker.join("127.0.0.1", listener.getsockname()[1], "not-" + TOKEN, 60.0)
+        # The admission thread counts the refusal after sending it: wait for the count
+        # (the deadline only turns a missing count into a failure).
+        deadline = time.monotonic() + 60
+        while not admission.refusals and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert dict(admission.refusals) == {protocol.BAD_TOKEN: 1}
     finally:
         admission.close()
