@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 from .. import config
 from ..errors import LaunchError
@@ -189,6 +190,12 @@ def _addresses(names) -> list[str]:
 
 
 def run(argv: list[str] | None = None) -> int:
+    """hvdkitrun from its arguments to its exit status; the steps below, in this order.
+
+    Parse; choose the transport (announced unless given); find horovodrun;
+    settle the job token, the ranks' environment and the horovodrun command;
+    then run the job, again after a failure while the restart budget lasts.
+    """
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -196,61 +203,98 @@ def run(argv: list[str] | None = None) -> int:
     np_, hosts = plan(args)
     transport, announce = args.transport, ""
     if transport is None:
-        layout = placed(hosts, np_)
-        mpi_available = processes.find_tool("mpirun") is not None
-        yields = ranks_yield(os.environ)
-        load, seen = 0.0, "no mpirun"
-        if mpi_available and yields:
-            seen = "MPI's ranks yield"  # the load cannot matter: not measured
-        elif mpi_available and not any(_is_this_machine(h) for h, _ in layout):
-            seen = "none of them here"  # this machine's load cannot matter
-        elif mpi_available:
-            busy = busy_cores(os.cpu_count())
-            # rounded as announced, so the message shows exactly what the rule saw
-            load = round(os.getloadavg()[0] if busy is None else busy, 1)
-            seen = f"load average {load:.1f}" if busy is None else f"{load:.1f} busy"
-        transport = choose_transport(  # the rule: docs/performance.md
-            layout,
-            cores=os.cpu_count(),
-            load=load,
-            mpi_available=mpi_available,
-            is_local=_is_this_machine,
-            ranks_yield=yields,
-        )
-        other = "--gloo" if transport == MPI else "--mpi"
-        announce = (
-            f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
-            f"{seen}; see docs/performance.md); {other} to override."
-        )
+        transport, announce = _default_transport(hosts, np_)
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
+    horovodrun = _horovodrun()
+    token, token_file = _job_token()
+    env = _ranks_env(transport, token, checkpoint_dir, stall)
+    cmd = _horovodrun_command(horovodrun, transport, np_, hosts, args.start_timeout, command)
+    own_file = None  # a token file hvdkitrun wrote, removed when it ends
+    if transport == GLOO:
+        if not token_file:
+            own_file = token_file = _private_token_file(token)
+        env[config.TOKEN_FILE] = token_file
+    out = RankOutput(args.log_dir, prefix=not args.no_prefix)
+    if announce:
+        out.launcher_line(announce)
+    job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts))
+    try:
+        return _run_with_restarts(job, budget, checkpoint_dir)
+    finally:
+        out.close()
+        if own_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(own_file)
+
+
+def _default_transport(hosts: list[tuple[str, int]], np_: int) -> tuple[str, str]:
+    """The transport the measured rule picks (``transport.choose_transport``), and the line
+    announcing it with what the rule saw."""
+    layout = placed(hosts, np_)
+    mpi_available = processes.find_tool("mpirun") is not None
+    yields = ranks_yield(os.environ)
+    load, seen = 0.0, "no mpirun"
+    if mpi_available and yields:
+        seen = "MPI's ranks yield"  # the load cannot matter: not measured
+    elif mpi_available and not any(_is_this_machine(h) for h, _ in layout):
+        seen = "none of them here"  # this machine's load cannot matter
+    elif mpi_available:
+        busy = busy_cores(os.cpu_count())
+        # rounded as announced, so the message shows exactly what the rule saw
+        load = round(os.getloadavg()[0] if busy is None else busy, 1)
+        seen = f"load average {load:.1f}" if busy is None else f"{load:.1f} busy"
+    transport = choose_transport(  # the rule: docs/performance.md
+        layout,
+        cores=os.cpu_count(),
+        load=load,
+        mpi_available=mpi_available,
+        is_local=_is_this_machine,
+        ranks_yield=yields,
+    )
+    other = "--gloo" if transport == MPI else "--mpi"
+    announce = (
+        f"hvdkitrun: transport {transport} ({np_} processes, {os.cpu_count()} cores here, "
+        f"{seen}; see docs/performance.md); {other} to override."
+    )
+    return transport, announce
+
+
+def _horovodrun() -> str:
     horovodrun = processes.find_tool("horovodrun")
     if horovodrun is None:
         raise LaunchError(
             f"horovodrun is neither beside {sys.executable} nor on PATH; install Horovod into "
             "this Python (scripts/install.sh does) or put horovodrun on PATH."
         )
+    return horovodrun
 
-    all_local = all(_is_local(h) for h, _ in hosts)
-    bind = "127.0.0.1" if all_local else "0.0.0.0"
-    seen_as = (
-        "127.0.0.1"
-        if all_local
-        else _address_seen_by(next(h for h, _ in hosts if not _is_local(h)))
-    )
+
+def _monitor_addresses(hosts: list[tuple[str, int]]) -> tuple[str, str]:
+    """Where the heartbeat receiver listens, and the address the ranks send to."""
+    if all(_is_local(h) for h, _ in hosts):
+        return "127.0.0.1", "127.0.0.1"
+    return "0.0.0.0", _address_seen_by(next(h for h, _ in hosts if not _is_local(h)))
+
+
+def _job_token() -> tuple[str, str | None]:
+    """The job token (``HVDKIT_JOB_TOKEN``, the given token file's, or a new one) and the
+    token file it was read from, if any."""
     given_file = None if config.get(config.JOB_TOKEN) else config.get(config.TOKEN_FILE)
     if given_file:
-        token = auth.read_token_file(given_file)
-    else:
-        token = config.get(config.JOB_TOKEN) or secrets.token_hex(16)
+        return auth.read_token_file(given_file), given_file
+    return config.get(config.JOB_TOKEN) or secrets.token_hex(16), None
 
+
+def _ranks_env(transport: str, token: str, checkpoint_dir: str | None, stall: float) -> dict:
+    """The environment horovodrun passes to the ranks (without the token file's path)."""
     env = processes.program_env(dict(os.environ))
     if transport == GLOO:
         # horovodrun's Gloo launcher starts each rank as `env K=V ... python ...`,
         # the whole environment on a command line every local user can read:
         # the ranks get the token in a private file instead (auth.job_token),
-        # written below, just before the job starts.
+        # written just before the job starts.
         env.pop(config.JOB_TOKEN, None)
     else:  # mpirun passes the environment to the ranks off the command line
         env[config.JOB_TOKEN] = token
@@ -263,54 +307,52 @@ def run(argv: list[str] | None = None) -> int:
             env.setdefault(key, value)
         if os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def _horovodrun_command(horovodrun, transport, np_, hosts, start_timeout, command) -> list[str]:
     host_arg = ",".join(f"{h}:{s}" for h, s in hosts)
-    cmd = [
-        horovodrun,
-        "-np",
-        str(np_),
-        "-H",
-        host_arg,
-        f"--{transport}",
-        "--start-timeout",
-        str(args.start_timeout),
-        *command,
-    ]
+    options = ["-np", str(np_), "-H", host_arg, f"--{transport}"]
+    options += ["--start-timeout", str(start_timeout)]
     if transport == GLOO:
         # horovodrun's own rendezvous server would listen on every interface
         # and answer anyone: run horovodrun with a guarded one (see guard.py).
         remote = _addresses(h for h, _ in hosts if not _is_local(h))
         guarded = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
-        cmd = [*guarded, *cmd[1:]]
+        return [*guarded, *options, *command]
+    return [horovodrun, *options, *command]
 
-    own_file = None  # a token file hvdkitrun wrote, removed when it ends
-    if transport == GLOO:
-        if not given_file:
-            own_file = given_file = _private_token_file(token)
-        env[config.TOKEN_FILE] = given_file
-    out = RankOutput(args.log_dir, prefix=not args.no_prefix)
-    if announce:
-        out.launcher_line(announce)
-    try:
-        with processes.stop_signals() as interrupted:
-            while True:
-                env[config.RESTART_COUNT] = str(budget.restarts)
-                code, cause = _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as)
-                if cause is None:  # success or interrupted: never restarted
-                    return code
-                delay = budget.record(cause)
-                if delay is None:
-                    if budget.limit:
-                        out.launcher_line(f"hvdkitrun: {budget.summary()}")
-                    return code
-                out.launcher_line(budget.restart_line("hvdkitrun", resume_step(checkpoint_dir)))
-                if _wait_unless_interrupted(delay, interrupted):
-                    return _interrupted(out, interrupted)
-                out.reset_tails()
-    finally:
-        out.close()
-        if own_file:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(own_file)
+
+@dataclass
+class _Job:
+    """What every attempt of the job runs with."""
+
+    cmd: list[str]  # the horovodrun command
+    env: dict[str, str]  # the ranks' environment
+    out: RankOutput
+    stall: float  # seconds
+    token: str
+    bind: str  # the heartbeat receiver's address
+    seen_as: str  # this machine's address as the ranks see it
+
+
+def _run_with_restarts(job: _Job, budget: RestartBudget, checkpoint_dir: str | None) -> int:
+    """Run attempts until one succeeds, is interrupted or preempted, or the budget is spent."""
+    with processes.stop_signals() as interrupted:
+        while True:
+            job.env[config.RESTART_COUNT] = str(budget.restarts)
+            code, cause = _Attempt(job, interrupted).run()
+            if cause is None:  # success, interrupted or preempted: never restarted
+                return code
+            delay = budget.record(cause)
+            if delay is None:
+                if budget.limit:
+                    job.out.launcher_line(f"hvdkitrun: {budget.summary()}")
+                return code
+            job.out.launcher_line(budget.restart_line("hvdkitrun", resume_step(checkpoint_dir)))
+            if _wait_unless_interrupted(delay, interrupted):
+                return _interrupted(job.out, interrupted)
+            job.out.reset_tails()
 
 
 def _private_token_file(token: str) -> str:
@@ -337,64 +379,88 @@ def _wait_unless_interrupted(seconds: float, interrupted: list[str]) -> bool:
     return bool(interrupted)
 
 
-def _attempt(cmd, env, out, stall, interrupted, token, bind, seen_as) -> tuple[int, str | None]:
-    """Run the job once; returns (exit status, cause of failure or None)."""
-    # A fresh monitor per attempt: the last attempt's silent ranks are no stall.
-    monitor = HeartbeatMonitor(token, bind_host=bind)
-    env = {**env, config.MONITOR_ADDR: monitor_addr(seen_as, monitor.port, monitor.receiver)}
-    known: dict[int, object] = {}
-    stop_now: list[str] = []  # why the job is stopped at once (supervise's stop reasons)
-    forward = SigtermForwarding(config.preempt_grace(), out.launcher_line, "hvdkitrun")
+class _Attempt:
+    """One run of the job under supervision: :meth:`run`; the other methods are its steps."""
 
-    def track_local_ranks():
-        for r, pid in monitor.local_pids().items():
-            if known.get(r) is None:  # only processes in our own tree
-                known[r] = processes.descendant(child.pid, pid)
+    def __init__(self, job: _Job, interrupted: list[str]):
+        self.job, self.interrupted = job, interrupted
+        # A fresh monitor per attempt: the last attempt's silent ranks are no stall.
+        self.monitor = HeartbeatMonitor(job.token, bind_host=job.bind)
+        self.ranks: dict[int, object] = {}  # rank -> its process here (psutil), once reported
+        self.stop_now: list[str] = []  # why the job is stopped at once (supervise's reasons)
+        self.forward = SigtermForwarding(config.preempt_grace(), job.out.launcher_line, "hvdkitrun")
+        self.child = None
 
-    def on_tick():
-        track_local_ranks()
-        if interrupted and not stop_now:
-            others = [s for s in interrupted if s != "SIGTERM"]
+    def run(self) -> tuple[int, str | None]:
+        """Returns (exit status, cause of failure to restart for, or None)."""
+        job, monitor = self.job, self.monitor
+        env = {
+            **job.env,
+            config.MONITOR_ADDR: monitor_addr(job.seen_as, monitor.port, monitor.receiver),
+        }
+        try:
+            self.child = processes.spawn(job.cmd, env)
+            pumps = [
+                job.out.pump(self.child.stdout, "stdout"),
+                job.out.pump(self.child.stderr, "stderr"),
+            ]
+            ended = processes.supervise(
+                self.child,
+                monitor,
+                job.stall,
+                self.stop_now,
+                on_tick=self.on_tick,
+                on_stop=self.on_stall,
+            )
+            for t in pumps:
+                t.join(timeout=5)
+            leftovers = processes.stop(self.known())
+            if leftovers:
+                job.out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
+            exited_ok = _finished_ranks(monitor)
+            preempted = preempted_step(monitor)
+        finally:
+            monitor.close()
+        if preempted is not None:
+            job.out.launcher_line(
+                f"hvdkitrun: preempted: every rank stopped after step {preempted}, which the "
+                "checkpoint holds; run the same command again to resume from it."
+            )
+            return EXIT_PREEMPTED, None
+        return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
+
+    def known(self) -> list:
+        """The rank processes found so far (ours: in horovodrun's tree)."""
+        return [p for p in self.ranks.values() if p is not None]
+
+    def track_local_ranks(self) -> None:
+        for r, pid in self.monitor.local_pids().items():
+            if self.ranks.get(r) is None:  # only processes in our own tree
+                self.ranks[r] = processes.descendant(self.child.pid, pid)
+
+    def on_tick(self) -> None:
+        """Every poll: find new ranks; act on a signal (SIGTERM: pass it on first)."""
+        self.track_local_ranks()
+        if self.interrupted and not self.stop_now:
+            others = [s for s in self.interrupted if s != "SIGTERM"]
             if others:  # Ctrl-C, SIGHUP: stop now
-                stop_now.append(others[0])
-            elif not forward.tick([p for p in known.values() if p is not None]):
-                stop_now.append("SIGTERM")
+                self.stop_now.append(others[0])
+            elif not self.forward.tick(self.known()):
+                self.stop_now.append("SIGTERM")
 
-    def announce_stall(stalled):
+    def on_stall(self, stalled: list[tuple[int, float]]) -> None:
+        """Before the job is stopped: name a stalled rank and kill it outright."""
         if stalled:
             r, age = stalled[0]
-            out.launcher_line(
+            self.job.out.launcher_line(
                 f"hvdkitrun: rank {r} stalled: no heartbeat for {age:.0f} s (stall timeout "
-                f"{stall:g} s; the process is frozen or stuck). Stopping the job."
+                f"{self.job.stall:g} s; the process is frozen or stuck). Stopping the job."
             )
         # A frozen rank is killed outright: the SIGCONT that lets the others act
         # on SIGTERM would otherwise let it run on while the job is torn down
         # (under mpirun far enough to finish the job and write checkpoints).
-        track_local_ranks()
-        processes.kill([known.get(r) for r, _ in stalled])
-
-    try:
-        child = processes.spawn(cmd, env)
-        pumps = [out.pump(child.stdout, "stdout"), out.pump(child.stderr, "stderr")]
-        ended = processes.supervise(
-            child, monitor, stall, stop_now, on_tick=on_tick, on_stop=announce_stall
-        )
-        for t in pumps:
-            t.join(timeout=5)
-        leftovers = processes.stop([p for p in known.values() if p is not None])
-        if leftovers:
-            out.launcher_line(f"hvdkitrun: killed leftover rank processes {leftovers}.")
-        exited_ok = _finished_ranks(monitor)
-        preempted = preempted_step(monitor)
-    finally:
-        monitor.close()
-    if preempted is not None:
-        out.launcher_line(
-            f"hvdkitrun: preempted: every rank stopped after step {preempted}, which the "
-            "checkpoint holds; run the same command again to resume from it."
-        )
-        return EXIT_PREEMPTED, None
-    return _outcome(ended, out, stall, interrupted, exited_ok)
+        self.track_local_ranks()
+        processes.kill([self.ranks.get(r) for r, _ in stalled])
 
 
 def _finished_ranks(monitor: HeartbeatMonitor) -> list[int]:

@@ -94,29 +94,41 @@ def run_worker(
     """
     _compat.check_gloo_hostname(sched_host)
     stall = stall_timeout()  # bad settings fail here, before this worker counts as arrived
-    ch, msg = join(sched_host, sched_port, token, timeout_s)
+    ch, first = join(sched_host, sched_port, token, timeout_s)
     try:
-        inbox = _Inbox(ch)
         out = RankOutput(log_dir)
-        code = 1
         try:
-            with processes.stop_signals() as signals:
-                while msg is not None and msg.get("type") != "done":
-                    if msg.get("type") == "assign":
-                        code = _run_program(
-                            ch, inbox, msg, sched_host, token, command, stall, out, signals
-                        )
-                        if signals:  # told to stop: no next round for this worker
-                            return code if code == config.EXIT_PREEMPTED else 1
-                    msg = inbox.next()
+            code, last = _run_rounds(ch, first, sched_host, token, command, stall, out)
         finally:
             out.close()
-        if msg is None:  # the scheduler is gone: our own account is all there is
-            return code
-        job = int(msg.get("code", 1))
-        return 0 if job == 0 else (code if code > 0 else 1)
+        return _final_status(code, last)
     finally:
         ch.close()
+
+
+def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int, dict | None]:
+    """Run the program once per ``assign`` until ``done``; (our last status, ``done`` or None).
+
+    None: the scheduler is gone, or a signal told this worker to stop.
+    """
+    inbox = _Inbox(ch)
+    code, msg = 1, first
+    with processes.stop_signals() as signals:
+        while msg is not None and msg.get("type") != "done":
+            if msg.get("type") == "assign":
+                code = _run_program(ch, inbox, msg, sched_host, token, command, stall, out, signals)
+                if signals:  # told to stop: no next round for this worker
+                    return (code if code == config.EXIT_PREEMPTED else 1), None
+            msg = inbox.next()
+    return code, msg
+
+
+def _final_status(code: int, done: dict | None) -> int:
+    """The worker's exit status from its program's last status and the scheduler's ``done``."""
+    if done is None:  # the scheduler is gone, or we were stopped: our own account is all
+        return code
+    job = int(done.get("code", 1))
+    return 0 if job == 0 else (code if code > 0 else 1)
 
 
 @dataclass
