@@ -91,6 +91,8 @@ _EXPORTS = {
     "data": "data",
     "ops": "ops",
     "sink": "sink",
+    "elastic": "elastic",
+    "preemption": "preemption",
     # Horovod names hvdkit does not implement: importable, refused on use
     "Adasum": "horovod_only",
     "ProcessSet": "horovod_only",
@@ -98,7 +100,6 @@ _EXPORTS = {
     "add_process_set": "horovod_only",
     "remove_process_set": "horovod_only",
     "process_set_included_op": "horovod_only",
-    "elastic": "horovod_only",
     # errors
     "HvdkitError": "errors",
     "NotInitializedError": "errors",
@@ -184,7 +185,7 @@ _keras_registry.install()
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
-    from . import callbacks, data, ops, sink
+    from . import callbacks, data, elastic, ops, preemption, sink
     from .checkpoint import Checkpointer
     from .collectives import (
         Average,
@@ -225,7 +226,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         Adasum,
         ProcessSet,
         add_process_set,
-        elastic,
         global_process_set,
         process_set_included_op,
         remove_process_set,

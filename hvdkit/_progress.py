@@ -37,6 +37,18 @@ _completed = 0
 Probe = Callable[[], tuple[int, list[tuple[str, float]]]]
 _probes: list[Probe] = []
 _preempted_step: int | None = None
+_rank_listeners: list[Callable[[int], None]] = []
+
+
+def on_rank_change(listener: Callable[[int], None]) -> None:
+    """Call ``listener(new_rank)`` when this process becomes another rank (hvdkit.elastic)."""
+    _rank_listeners.append(listener)
+
+
+def rank_changed(rank: int) -> None:
+    """This process is ``rank`` now: tell the listeners (the heartbeat sender)."""
+    for listener in list(_rank_listeners):
+        listener(rank)
 
 
 def label(what: str, step: int | None = None) -> str:

@@ -200,6 +200,7 @@ class Checkpointer:
         self._scheduled_step = 0  # last step the schedule looked at
         self._preemption_wanted = bool(preemption)
         self._preemption = None  # a preemption.Watch, installed by restore()
+        self._commit: dict | None = None  # the last save, in memory (hvdkit.elastic)
 
     def __repr__(self) -> str:
         return (
@@ -379,6 +380,7 @@ class Checkpointer:
         state = header["state"]
         if state is None:
             self.step, self.epoch = 0, self.sampler.epoch if self.sampler else 0
+            self._remember(variables)
             return 0
         self.last_path = Path(header["path"])
         self.step = int(state["step"])
@@ -391,6 +393,62 @@ class Checkpointer:
         self._scheduled_step = self._check_step = self.step
         self._next_check = self.step + 1
         self._last_save_time = self._check_time = time.monotonic()
+        self._remember(variables)
+        return self.step
+
+    def _remember(self, variables: list | None = None) -> None:
+        """Keep the state as of now in memory, on every rank (only in an elastic job).
+
+        What :meth:`_rollback` goes back to after an in-process recovery: a
+        copy of every variable, the sampler's position, the random state,
+        ``step``, ``epoch`` and ``extra``.
+        """
+        from . import elastic
+
+        if not elastic.enabled():
+            return
+        if variables is None:
+            model_vars, opt_vars = self._variables()
+            variables = model_vars + opt_vars
+        self._commit = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "arrays": [np.array(v.numpy(), copy=True) for v in variables],
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "rng": _rng_state(),
+            "extra": json.loads(json.dumps(self.extra)),
+        }
+
+    def _rollback(self) -> int:
+        """Go back to the last :meth:`_remember` in a new world (hvdkit.elastic); its step.
+
+        Every survivor holds the same commit; rank 0's is broadcast anyway. The
+        sampler takes the new world's shards and re-shards the epoch's rest.
+        """
+        commit = self._commit
+        if commit is None:
+            raise HvdkitError(
+                "hvdkit.elastic: nothing to roll back to; call Checkpointer.restore() before "
+                "training (hvdkit.elastic.run does)."
+            )
+        model_vars, opt_vars = self._variables()
+        variables = model_vars + opt_vars
+        for var, value in zip(variables, commit["arrays"], strict=True):
+            var.assign(value)
+        if runtime.size() > 1:
+            collectives.broadcast_variables(variables, 0)
+        self.step, self.epoch = commit["step"], commit["epoch"]
+        self.extra.clear()
+        self.extra.update(json.loads(json.dumps(commit["extra"])))
+        _set_rng_state(commit["rng"])
+        if self.sampler is not None and commit["sampler"] is not None:
+            self.sampler.num_shards, self.sampler.shard_id = runtime.size(), runtime.rank()
+            self._restore_sampler(commit["sampler"])
+        self._scheduled_step = self._check_step = self.step
+        self._next_check = self.step + 1
+        self._last_save_time = self._check_time = time.monotonic()
+        if self._preemption is not None:
+            self._preemption.restart()
         return self.step
 
     def _restore_sampler(self, saved: dict) -> None:
@@ -433,6 +491,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         if self.sampler is not None:
             self.epoch = self.sampler.epoch
+        self._remember()
         if runtime.rank() != 0:
             return None
         self._check_extra(self.extra)

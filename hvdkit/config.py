@@ -31,6 +31,10 @@ RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first at
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
+ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
+ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment
+GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # Horovod's: how long a Gloo peer may be silent
+ELASTIC_GLOO_TIMEOUT_S = 2  # in elastic jobs: a dead peer is noticed this fast
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"

@@ -1,6 +1,9 @@
 """Horovod names hvdkit does not implement: present, so scripts import, and refused on use.
 
-A Horovod script often names ``hvd.Adasum``, a process set or ``hvd.elastic``
+(``hvd.elastic`` is :mod:`hvdkit.elastic`: its ``run`` works, its state
+classes refuse there.)
+
+A Horovod script often names ``hvd.Adasum`` or a process set
 in code it never runs (a branch, a test's op list, a default argument). With
 ``import hvdkit as hvd`` such a script must not die with ``AttributeError``
 at the line that merely names them, and must not run something else when it
@@ -32,7 +35,6 @@ __all__ = [
     "add_process_set",
     "remove_process_set",
     "process_set_included_op",
-    "elastic",
 ]
 
 _PROCESS_SETS = (
@@ -95,23 +97,3 @@ def process_set_included_op(process_set_id: int = 0, *args, **kwargs) -> NoRetur
     raise NotSupportedError(
         f"process_set_included_op({process_set_id!r}) is not supported: {_PROCESS_SETS}"
     )
-
-
-class _Elastic:
-    """Horovod's ``hvd.elastic`` namespace: every attribute refuses, naming hvdkit's way."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):  # copy, pickle and introspection ask for dunders
-            raise AttributeError(name)
-        raise NotSupportedError(
-            f"hvdkit.elastic.{name}: Horovod's elastic training (ranks joining and leaving a "
-            "running job) is not implemented. hvdkit restarts the whole job instead: "
-            "hvdkitrun --max-restarts N, with hvdkit.Checkpointer saving and restoring the "
-            "training state exactly (docs/fault-tolerance.md)."
-        )
-
-    def __repr__(self) -> str:
-        return "hvdkit.elastic (not implemented; see docs/fault-tolerance.md)"
-
-
-elastic = _Elastic()

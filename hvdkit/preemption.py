@@ -135,6 +135,10 @@ class Watch:
         too_slow = len(self._recent) == SLOW_INTERVALS and fastest > self.grace_s
         return step + ahead, (fastest if too_slow else None)
 
+    def restart(self) -> None:
+        """Decide again at the next step (a new world: hvdkit.elastic)."""
+        self._next, self._clock, self._recent = None, None, []
+
     def stopped(self, step: int) -> None:
         """Record that this rank stops after ``step``: its heartbeats say so to the launcher."""
         _progress.mark_preempted(step)

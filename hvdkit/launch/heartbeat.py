@@ -118,6 +118,11 @@ class Beats:
         self._status = status
         self._lock = threading.Lock()
 
+    def set_rank(self, rank: int) -> None:
+        """From the next beat on, speak for ``rank`` (after an in-process recovery)."""
+        with self._lock:
+            self._fixed["r"] = rank
+
     def next(self, **extra) -> bytes:
         """The next datagram; ``extra`` fields (e.g. ``bye=True``) are added to its body."""
         body = {**(self._status() if self._status else {}), **self._fixed, **extra}
@@ -201,7 +206,10 @@ def start_sender(
             "heartbeats could not be authenticated. Start the program with hvdkitrun (which "
             "sets them), or unset HVDKIT_MONITOR_ADDR."
         )
+    from .. import _progress
+
     beats = Beats(token, rank, status, receiver=receiver)
+    _progress.on_rank_change(beats.set_rank)  # an in-process recovery renumbers ranks
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send(**extra):
@@ -353,6 +361,11 @@ class HeartbeatMonitor:
         now = time.monotonic()
         with self._lock:
             return {r: _doing(s, now) for r, s in sorted(self.ranks.items()) if not s.finished}
+
+    def forget(self) -> None:
+        """Drop every rank's status: the ranks were renumbered (an in-process recovery)."""
+        with self._lock:
+            self.ranks.clear()
 
     def local_pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks that run on this machine."""

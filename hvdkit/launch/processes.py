@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -44,11 +45,15 @@ def program_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+def spawn(
+    command: list[str], env: dict[str, str], parent_death: int = signal.SIGTERM
+) -> subprocess.Popen:
     """Start a supervised child: text pipes, its own session, dies with its parent.
 
     Its own session lets us stop it and everything it started as one group
     (and keeps the terminal's Ctrl-C for the supervisor to handle).
+    ``parent_death`` is the signal it gets if we die: a worker's rank gets
+    SIGKILL, since SIGTERM asks a rank for a preemption (hvdkit.preemption).
     """
     return subprocess.Popen(
         command,
@@ -58,7 +63,7 @@ def spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
         text=True,
         bufsize=1,
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=functools.partial(die_with_parent, parent_death),
     )
 
 
@@ -182,8 +187,8 @@ def descendant(ancestor_pid: int, pid: int) -> psutil.Process | None:
     return None
 
 
-def die_with_parent() -> None:
-    """``preexec_fn``: the child gets SIGTERM if the launcher dies (Linux only).
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """``preexec_fn``: the child gets ``sig`` if the launcher dies (Linux only).
 
     Covers a launcher killed by SIGKILL or the OOM killer, which cannot run
     its own clean-up.
@@ -192,7 +197,7 @@ def die_with_parent() -> None:
         import ctypes
 
         pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(sig))
     except (OSError, AttributeError):
         pass
 

@@ -51,6 +51,16 @@ def _float_setting(name: str, default: float) -> float:
         raise LaunchError(f"{name}={raw!r} is not a number of seconds.") from None
 
 
+def _elastic_setting() -> bool:
+    raw = config.get(config.ELASTIC, "0")
+    if raw not in ("0", "1"):
+        raise LaunchError(
+            f"{config.ELASTIC}={raw!r}: use 1 to let the workers left after a failure go on "
+            "in-process (their script trains inside hvdkit.elastic.run), or 0 (the default)."
+        )
+    return raw == "1"
+
+
 def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
     from .scheduler import DEFAULT_REPLACE_TIMEOUT_S, Scheduler
 
@@ -75,6 +85,7 @@ def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> i
         max_restarts=restarts,
         min_workers=min_workers,
         replace_timeout_s=replace_timeout,
+        elastic=_elastic_setting(),
     )
     if token_file:
         write_token_file(token_file, token)

@@ -118,6 +118,7 @@ class RoundResult:
     detail: str = ""
     tail: tuple = ()
     preempted: str = ""  # a rank's "preempted after step N": the job stopped for SIGTERM
+    survivors: list | None = None  # elastic: the workers whose programs go on in-process
 
     @property
     def cause(self) -> str:
@@ -136,6 +137,7 @@ class Scheduler:
         max_restarts: int = 0,
         min_workers: int | None = None,
         replace_timeout_s: float = DEFAULT_REPLACE_TIMEOUT_S,
+        elastic: bool = False,
     ):
         if worker_num < 1:
             raise LaunchError(f"HVDKIT_WORKER_NUM={worker_num} must be at least 1.")
@@ -148,6 +150,8 @@ class Scheduler:
         self.worker_num, self.token, self.timeout_s = worker_num, token, timeout_s
         self.min_workers, self.replace_timeout_s = min_workers, replace_timeout_s
         self.budget = RestartBudget(max_restarts)
+        self.elastic = elastic  # survivors of a failure go on in-process (hvdkit.elastic)
+        self._round_no = 0  # rounds started so far, restarts and in-process recoveries alike
         self.host, self.port = host, port
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -267,8 +271,22 @@ class Scheduler:
 
     def _rounds(self, regs: list[Registration], everyone: list[Registration]) -> int:
         """Run rounds until the job succeeds, is preempted, or runs out of restarts."""
+        inplace = False
         while True:
-            result = self._round(regs, self.budget.restarts)
+            result = self._round(regs, self._round_no, inplace)
+            self._round_no += 1
+            inplace = False
+            if result.survivors:
+                log.warning(
+                    "%s; %d of %d workers go on in-process as round %d (lost: %s)",
+                    result.cause,
+                    len(result.survivors),
+                    len(regs),
+                    self._round_no,
+                    ", ".join(r.describe() for r in regs if r not in result.survivors),
+                )
+                regs, inplace = result.survivors, True
+                continue
             if result.culprit is None and result.preempted:
                 log.warning(
                     "job preempted: every rank %s; start the same job again to resume",
@@ -347,7 +365,7 @@ class Scheduler:
             )
         return regs
 
-    def _round(self, regs: list[Registration], round_: int) -> RoundResult:
+    def _round(self, regs: list[Registration], round_: int, inplace: bool = False) -> RoundResult:
         from horovod.runner.common.util.hosts import SlotInfo
 
         from .guard import GuardedRendezvous
@@ -374,13 +392,20 @@ class Scheduler:
                 reg = a.pop("reg")
                 reg.rank = a["rank"]
                 a["hostname"] = f"host{a.pop('host_index')}"
-                reg.send(type="assign", rendezvous_port=rdv_port, round=round_, **a)
+                reg.send(
+                    type="assign",
+                    rendezvous_port=rdv_port,
+                    round=round_,
+                    elastic=self.elastic,
+                    inplace=inplace,
+                    **a,
+                )
             log.info(
                 "assigned %d ranks on %d host(s); rendezvous on port %d%s",
                 len(regs),
                 len({r.host for r in regs}),
                 rdv_port,
-                f" (restart {round_})" if round_ else "",
+                f" ({'in-process ' if inplace else ''}round {round_})" if round_ else "",
             )
             return self._watch(regs, round_)
         finally:
@@ -420,6 +445,10 @@ class Scheduler:
                     exited_ok.append(rank)
                 continue
             failures[rank] = (detail, tail)
+            if self.elastic and len(remaining) >= self.min_workers and not preempt_sent:
+                # The others' programs notice the dead peer (Gloo's timeout) and
+                # wait for their next assignment: no abort, no restart.
+                return RoundResult(rank, detail, tuple(tail), survivors=list(remaining))
             if detail.startswith(STUCK) and not described:
                 # A worker sees only its own ranks: ask the others what theirs
                 # are doing, so the report names every rank's collective.

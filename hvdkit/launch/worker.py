@@ -9,11 +9,15 @@ round's settings (``HVDKIT_RESTART_COUNT`` tells the program which round).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
 import random
+import shutil
+import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -139,6 +143,7 @@ class _Round:
     reasons: list[str]  # why to stop the program now (aborts, a lost scheduler)
     monitor: HeartbeatMonitor | None  # answers the scheduler's "describe"
     preempt: list[str] = field(default_factory=list)  # the scheduler's "preempt", if it came
+    reassign: list[dict] = field(default_factory=list)  # in-place "assign"s (hvdkit.elastic)
 
 
 class _Inbox:
@@ -178,6 +183,9 @@ class _Inbox:
                     if current:
                         said = str(msg.get("reason"))
                         (running.reasons if kind == "abort" else running.preempt).append(said)
+                    continue
+                if kind == "assign" and msg.get("inplace") and running is not None:
+                    running.reassign.append(msg)  # the program goes on in a new world
                     continue
                 if kind == "describe":
                     if current and running.monitor is not None:
@@ -302,6 +310,41 @@ def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -
         pass  # the scheduler is gone; it has its own account of this rank
 
 
+class _ElasticHandover:
+    """Where a worker leaves its running program's next assignment (``HVDKIT_ELASTIC_DIR``).
+
+    In an elastic job (``HVDKIT_ELASTIC=1`` on the scheduler) a rank whose
+    peer died leaves Horovod, waits for ``assign.json`` here (written
+    atomically, mode 600 in a mode-700 folder), and joins the new world
+    in-process (:mod:`hvdkit.elastic`). Horovod's Gloo timeout is shortened
+    so that every survivor notices a dead peer within seconds.
+    """
+
+    def __init__(self, assign: dict, env: dict[str, str]):
+        self.folder = tempfile.mkdtemp(prefix="hvdkit-elastic-")  # mode 700
+        env[config.ELASTIC_DIR] = self.folder
+        env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
+        self._first_rank = assign["rank"]
+
+    def hand_over(self, assign: dict, horovod: dict[str, str]) -> None:
+        log.warning(
+            "rank %d goes on in-process as rank %d of %d (round %d)",
+            self._first_rank,
+            assign["rank"],
+            assign["size"],
+            assign["round"],
+        )
+        body = json.dumps({"round": int(assign["round"]), "env": horovod})
+        tmp = os.path.join(self.folder, ".assign.json")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp, os.path.join(self.folder, "assign.json"))
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
     """The rank processes of ``child``'s tree that sent heartbeats (``child`` itself, usually)."""
     found = []
@@ -343,6 +386,7 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
     env[config.MONITOR_ADDR] = monitor_addr("127.0.0.1", monitor.port, monitor.receiver)
     env[config.JOB_TOKEN] = token
+    elastic = _ElasticHandover(assign, env) if assign.get("elastic") else None
     running = _Round(round_, [], monitor)
     reasons = running.reasons
     inbox.running(running)
@@ -351,6 +395,11 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     def on_tick():
         if reasons:
             return
+        while running.reassign:  # the job lost a worker: our program goes on, renumbered
+            new = running.reassign.pop(0)
+            running.number = int(new["round"])
+            monitor.forget()
+            elastic.hand_over(new, horovod_env(new, sched_host, iface))
         others = [s for s in signals if s != "SIGTERM"]
         if others:  # Ctrl-C, SIGHUP: stop now
             reasons.append(f"received {others[0]}")
@@ -363,7 +412,9 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
 
     try:
         try:
-            child = processes.spawn(command, env)
+            # A rank whose worker died must die too: SIGTERM would ask it to checkpoint
+            # and stop the whole job (a preemption), and it would train on meanwhile.
+            child = processes.spawn(command, env, parent_death=signal.SIGKILL)
         except OSError as exc:
             detail = f"cannot start {command[0]!r}: {exc.strerror}"
             _report(ch, round_, 127, detail, [])
@@ -381,6 +432,9 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     finally:
         inbox.running(None)
         monitor.close()
+        if elastic is not None:
+            elastic.close()
+    round_ = running.number  # the last round the program ran in
     code = ended.returncode
     if preempted is not None:
         code, detail = config.EXIT_PREEMPTED, f"preempted after step {preempted}"

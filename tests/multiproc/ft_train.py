@@ -26,7 +26,11 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
 * ``--crash-at STEP``: rank ``--crash-rank`` SIGKILLs itself inside training
   step STEP (after the step's update, before any callback sees it).
 * ``--crash-how``: ``kill`` (default) SIGKILL, ``stop`` SIGSTOP (a stall: the
-  process stays, frozen), ``exit`` ``os._exit(3)`` (a non-zero exit).
+  process stays, frozen), ``exit`` ``os._exit(3)`` (a non-zero exit),
+  ``worker`` SIGKILL of the parent (the worker of a scheduler/worker job).
+* ``--mode elastic``: ``fit`` inside ``@hvdkit.elastic.run``; after an
+  in-process recovery the ids file gets a line ``{"recovered_from": step,
+  "size": S, "rank": R}`` and training goes on in the same process.
 * ``--crash-in-save STEP``: rank 0 SIGKILLs itself in the middle of writing
   the checkpoint of step STEP (leaving a torn ``.tmp-ckpt-...`` folder).
 * Crashes happen only on the first attempt: ``--attempt`` (default
@@ -73,7 +77,9 @@ FEATURES, CLASSES = 6, 3
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
-    p.add_argument("--mode", choices=["fit", "sink", "loop", "data_sink"], default="fit")
+    p.add_argument(
+        "--mode", choices=["fit", "sink", "loop", "data_sink", "elastic"], default="fit"
+    )
     p.add_argument("--ckpt", default=None)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=96)
@@ -82,7 +88,7 @@ def parse_args(argv):
     p.add_argument("--sink-size", type=int, default=3)
     p.add_argument("--crash-at", type=int, default=None)
     p.add_argument("--crash-rank", type=int, default=1)
-    p.add_argument("--crash-how", choices=["kill", "stop", "exit"], default="kill")
+    p.add_argument("--crash-how", choices=["kill", "stop", "exit", "worker"], default="kill")
     p.add_argument("--crash-in-save", type=int, default=None)
     p.add_argument("--attempt", type=int, default=None)
     p.add_argument("--hold", type=int, default=None)
@@ -108,6 +114,9 @@ def kill_self(why: str, how: str = "kill") -> None:
     os.write(2, f"[rank {RANK}] ft_train: crashing on purpose ({how}): {why}\n".encode())
     if how == "exit":
         os._exit(3)
+    if how == "worker":  # the worker that started us (we die with it)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(600)
     os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
@@ -195,7 +204,7 @@ model(np.zeros((1, FEATURES), "float32"))
 sampler = hvdkit.data.ShardSampler(ARGS.samples, shuffle=True, seed=7)
 B = ARGS.batch
 
-if ARGS.mode in ("fit", "sink"):
+if ARGS.mode in ("fit", "sink", "elastic"):
     model.compile(
         optimizer=hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
         loss=LOSS,
@@ -232,11 +241,30 @@ def custom_step(inputs, y):
 
 step_fn = tf.function(custom_step)
 
-for epoch in range(sampler.epoch, ARGS.epochs):
-    sampler.set_epoch(epoch)
-    STATE["epoch"] = epoch
+def train_epochs(mode):
+    for epoch in range(sampler.epoch, ARGS.epochs):
+        sampler.set_epoch(epoch)
+        STATE["epoch"] = epoch
+        train_epoch(mode, epoch)
+
+
+CALLS = []
+
+
+@hvdkit.elastic.run
+def train_elastic(state):
+    if CALLS:  # an in-process recovery rolled the state back to its last save
+        STATE["resumed_from"] = state.step
+        line = {"recovered_from": state.step, "size": hvdkit.size(), "rank": hvdkit.rank()}
+        IDS.write(json.dumps(line) + "\n")
+        IDS.flush()
+    CALLS.append(state.step)
+    train_epochs("fit")
+
+
+def train_epoch(mode, epoch):
     ds = sampler.dataset(DATA).batch(B)
-    if ARGS.mode == "fit":
+    if mode == "fit":
         model.fit(
             ds,
             initial_epoch=epoch,
@@ -245,7 +273,7 @@ for epoch in range(sampler.epoch, ARGS.epochs):
             shuffle=False,
             callbacks=[hvdkit.data.ShardPositionCallback(sampler, B), ckpt.callback()],
         )
-    elif ARGS.mode == "sink":
+    elif mode == "sink":
         hvdkit.sink.train(
             model,
             len(ds) // ARGS.sink_size,
@@ -254,7 +282,7 @@ for epoch in range(sampler.epoch, ARGS.epochs):
             sink_size=ARGS.sink_size,
             verbose=0,
         )
-    elif ARGS.mode == "loop":
+    elif mode == "loop":
         step = ckpt.step
         for inputs, y in ds:
             step_fn(inputs, y)
@@ -269,6 +297,12 @@ for epoch in range(sampler.epoch, ARGS.epochs):
             sampler.advance(ARGS.sink_size * B)
             step += ARGS.sink_size
             ckpt.maybe_save(step)
+
+
+if ARGS.mode == "elastic":
+    train_elastic(ckpt)
+else:
+    train_epochs(ARGS.mode)
 
 IDS.close()
 flat = np.concatenate(

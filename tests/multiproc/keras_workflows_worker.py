@@ -555,7 +555,7 @@ with c.check("horovod_names_refused_on_use"):
         lambda: hvd.allreduce(np.ones(2), op=hvd.Adasum),
         lambda: hvd.ProcessSet([0]),
         lambda: hvd.add_process_set([0]),
-        lambda: hvd.elastic.run,
+        lambda: hvd.elastic.KerasState,
     ):
         try:
             call()

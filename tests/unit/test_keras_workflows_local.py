@@ -22,8 +22,8 @@ from hvdkit import horovod_only
         (lambda: hvdkit.add_process_set([0]), "add_process_set([0])"),
         (lambda: hvdkit.remove_process_set([0]), "remove_process_set([0])"),
         (lambda: hvdkit.process_set_included_op(3), "process_set_included_op(3)"),
-        (lambda: hvdkit.elastic.run, "hvdkitrun --max-restarts"),
-        (lambda: hvdkit.elastic.KerasState, "hvdkit.elastic.KerasState"),
+        (lambda: hvdkit.elastic.KerasState, "hvdkit.elastic.KerasState is Horovod's"),
+        (lambda: hvdkit.elastic.run(print)(object()), "is not an hvdkit.Checkpointer"),
     ],
 )
 def test_horovod_only_names_import_and_refuse_on_use(call, fragment):

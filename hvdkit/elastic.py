@@ -1,0 +1,195 @@
+"""In-process recovery: the ranks left after a failure keep training without a restart.
+
+In a scheduler/worker job started with ``HVDKIT_ELASTIC=1`` (and
+``HVDKIT_MIN_WORKERS`` below ``HVDKIT_WORKER_NUM``), when a rank or its
+worker dies the others do not stop. Each survivor's collective fails within
+Horovod's Gloo timeout (2 s in such jobs); :func:`run` catches that failure,
+leaves Horovod, waits for the scheduler's new assignment (its worker leaves
+it in ``HVDKIT_ELASTIC_DIR``), starts Horovod again as a rank of the smaller
+world, rolls the :class:`~hvdkit.Checkpointer`'s state back to its last save
+(kept in memory on every rank), re-shards the sampler's rest of the epoch
+over the new world, and calls the training function again (Horovod's
+``hvd.elastic.run`` contract, with the Checkpointer as the state). TensorFlow, the
+model and the optimizer stay in memory; only the steps since the last save
+are trained again.
+
+Gloo only: Open MPI cannot admit a process set change within a job, so an
+``--mpi`` job (``hvdkitrun``) restarts as before (``--max-restarts``).
+
+Example:
+    >>> ckpt = hvdkit.Checkpointer("ckpt", model=model, sampler=sampler, every_steps=20)
+    >>> @hvdkit.elastic.run
+    ... def train(ckpt):
+    ...     for epoch in range(sampler.epoch, EPOCHS):
+    ...         sampler.set_epoch(epoch)
+    ...         model.fit(sampler.dataset(data).batch(B), initial_epoch=epoch,
+    ...                   epochs=epoch + 1, callbacks=[ckpt.callback(batch_size=B)])
+    >>> train(ckpt)      # restores from disk first; recovers in-process after a loss
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import _progress, config, runtime
+from .errors import LaunchError, NotSupportedError
+
+__all__ = ["run", "enabled"]  # and Horovod's other names, refused with hvdkit's way
+
+# What a collective says once Horovod stopped for a failed peer (its background loop
+# ended on Gloo's error): every pending and later collective fails with it.
+_PEER_LOST = ("Horovod has been shut down",)
+
+
+def enabled() -> bool:
+    """Whether this rank may recover in-process: a worker of an elastic job started it."""
+    return bool(config.get(config.ELASTIC_DIR))
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a training function whose first argument is the job's Checkpointer.
+
+    As Horovod's ``hvd.elastic.run``: call the decorated function with the
+    state first (here a :class:`~hvdkit.Checkpointer`, with its model,
+    optimizer and sampler). It restores the state (from disk, as
+    :meth:`~hvdkit.Checkpointer.restore`: every rank starts alike) and calls
+    the function. If a collective fails because a peer died, and this rank
+    belongs to an elastic job, it rejoins the job's new world, rolls the
+    state back to its last save, resets the model's compiled Keras functions,
+    and calls the function again; it returns what the function finally
+    returns. Write the function so that it continues from the state
+    (``range(sampler.epoch, ...)``, ``initial_epoch``) and build any
+    ``tf.function`` of your own inside it: the world size may have changed.
+
+    Outside an elastic job it restores and calls the function once.
+
+    Raises:
+        NotSupportedError: the first argument is not a Checkpointer (e.g.
+            Horovod's ``KerasState``), naming the hvdkit way.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        from .checkpoint import Checkpointer
+
+        if not isinstance(state, Checkpointer):
+            raise NotSupportedError(
+                f"hvdkit.elastic.run: the state {state!r} is not an hvdkit.Checkpointer. "
+                "hvdkit's state is a Checkpointer (model, optimizer, sampler, step and epoch; "
+                "its saves are the commits): hvdkit.Checkpointer(dir, model=..., sampler=..., "
+                "every_steps=N), then call the decorated function with it."
+            )
+        state.restore()
+        while True:
+            try:
+                return func(state, *args, **kwargs)
+            except Exception as exc:
+                if not enabled() or not _peer_lost(exc):
+                    raise
+                _recover(state, exc)
+
+    return wrapper
+
+
+# Horovod's other hvd.elastic names, and what hvdkit has instead.
+_HOROVOD_NAMES = {
+    "State": "hvdkit.Checkpointer",
+    "ObjectState": "hvdkit.Checkpointer(extra={...})",
+    "KerasState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
+    "TensorFlowKerasState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
+    "TensorFlowState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
+    "CommitStateCallback": "ckpt.callback() with every_steps=N (each save is a commit)",
+    "UpdateBatchStateCallback": "ckpt.callback(batch_size=B) (it counts steps and batches)",
+    "UpdateEpochStateCallback": "ckpt.callback() and initial_epoch=sampler.epoch",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOROVOD_NAMES:
+        raise NotSupportedError(
+            f"hvdkit.elastic.{name} is Horovod's; hvdkit's elastic state is its Checkpointer: "
+            f"use {_HOROVOD_NAMES[name]} with @hvdkit.elastic.run (docs/fault-tolerance.md)."
+        )
+    raise AttributeError(f"module 'hvdkit.elastic' has no attribute {name!r}")
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a collective that failed for a lost peer."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        if any(words in text for words in _PEER_LOST):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _recover(ckpt, exc: BaseException) -> None:
+    started = time.monotonic()
+    old_rank, old_size = runtime.rank(), runtime.size()
+    runtime.shutdown()
+    round_ = _join_next_world()
+    _progress.rank_changed(runtime.rank())  # the heartbeats speak for the new rank
+    joined = time.monotonic()
+    step = ckpt._rollback()
+    for model in _models_of(ckpt):
+        _reset_compiled_functions(model)
+    print(
+        f"hvdkit: rank {old_rank} of {old_size} is rank {runtime.rank()} of {runtime.size()} "
+        f"(round {round_}) after {type(exc).__name__}; rolled back to step {step}; "
+        f"{joined - started:.2f} s to rejoin, {time.monotonic() - joined:.2f} s to roll back",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _join_next_world() -> int:
+    """Wait for the worker's next assignment, then start Horovod with it; its round."""
+    folder = config.get(config.ELASTIC_DIR)
+    path = os.path.join(folder, "assign.json")
+    seen = int(os.environ.get(config.RESTART_COUNT, "0"))
+    timeout = float(config.get(config.SCHED_TIMEOUT, "300"))
+    deadline = time.monotonic() + timeout
+    while True:
+        body = _read_assignment(path)
+        if body is not None and body["round"] > seen:
+            break
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"a peer was lost and no new assignment came within {timeout:g} s "
+                f"({config.SCHED_TIMEOUT}): the scheduler did not form a new world (fewer "
+                f"workers left than {config.MIN_WORKERS}?); see the scheduler's log."
+            )
+        time.sleep(0.02)
+    os.environ.update(body["env"])
+    os.environ[config.RESTART_COUNT] = str(body["round"])
+    runtime.init()
+    return body["round"]
+
+
+def _read_assignment(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("env"), dict):
+        return None
+    return body
+
+
+def _models_of(ckpt) -> list:
+    return [ckpt.model]
+
+
+def _reset_compiled_functions(model) -> None:
+    """Keras traces train/test/predict functions once; the world changed, so trace again."""
+    for name in ("train_function", "test_function", "predict_function"):
+        if getattr(model, name, None) is not None:
+            setattr(model, name, None)
