@@ -25,13 +25,13 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import numpy as np
 
 from . import _checkpoint_files as files
-from . import _compat, collectives, errors, preemption, runtime
+from . import _compat, collectives, config, errors, preemption, runtime
 from ._validate import check_int
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
@@ -110,7 +110,9 @@ class Checkpointer:
             saving it (:mod:`hvdkit.preemption`): :meth:`restore` installs the
             handler, the schedule (the callback, :meth:`maybe_save`) checks it,
             and every rank raises :class:`~hvdkit.preemption.Preempted` (exit
-            status 75). ``False`` leaves ``SIGTERM`` alone.
+            status 75). ``False`` leaves ``SIGTERM`` alone. In an elastic job
+            (:mod:`hvdkit.elastic`) the same per-second exchange also admits
+            a joining worker at a step every rank agrees on.
 
     Attributes:
         step: Training steps done (restored by :meth:`restore`, counted by
@@ -120,6 +122,7 @@ class Checkpointer:
             data is used up becomes the next one).
         extra: The user extras.
         last_path: Folder of the last checkpoint saved or restored (rank 0).
+        restored: Whether :meth:`restore` ran.
 
     Example:
         >>> sampler = hvdkit.data.ShardSampler(len(x), shuffle=True, seed=1)
@@ -201,6 +204,7 @@ class Checkpointer:
         self._preemption_wanted = bool(preemption)
         self._preemption = None  # a preemption.Watch, installed by restore()
         self._commit: dict | None = None  # the last save, in memory (hvdkit.elastic)
+        self.restored = False  # restore() ran (hvdkit.elastic.run restores only if not)
 
     def __repr__(self) -> str:
         return (
@@ -353,8 +357,7 @@ class Checkpointer:
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars
         root, multi = runtime.rank() == 0, runtime.size() > 1
-        if self._preemption_wanted:
-            self._preemption = preemption.watch()
+        self._watch_steps()
         header: dict = {"ok": True, "state": None}
         failure = None
         if root:
@@ -381,8 +384,28 @@ class Checkpointer:
         if state is None:
             self.step, self.epoch = 0, self.sampler.epoch if self.sampler else 0
             self._remember(variables)
+            self.restored = True
             return 0
-        self.last_path = Path(header["path"])
+        if header.get("path"):
+            self.last_path = Path(header["path"])
+        self._take_state(state)
+        self._remember(variables)
+        self.restored = True
+        return self.step
+
+    def _watch_steps(self) -> None:
+        """Install what decides with the other ranks at step boundaries (preemption, growth)."""
+        from . import elastic
+
+        if self._preemption_wanted:
+            self._preemption = preemption.watch()
+        elif elastic.enabled():  # the step exchange without a SIGTERM handler
+            self._preemption = preemption.Watch(config.preempt_grace())
+        if self._preemption is not None and elastic.enabled():
+            self._preemption.join_waiting = elastic.join_waiting
+
+    def _take_state(self, state: dict) -> None:
+        """Step, epoch, extra, random state and sampler position from a saved or sent state."""
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.extra.clear()
@@ -393,8 +416,6 @@ class Checkpointer:
         self._scheduled_step = self._check_step = self.step
         self._next_check = self.step + 1
         self._last_save_time = self._check_time = time.monotonic()
-        self._remember(variables)
-        return self.step
 
     def _remember(self, variables: list | None = None) -> None:
         """Keep the state as of now in memory, on every rank (only in an elastic job).
@@ -422,7 +443,9 @@ class Checkpointer:
     def _rollback(self) -> int:
         """Go back to the last :meth:`_remember` in a new world (hvdkit.elastic); its step.
 
-        Every survivor holds the same commit; rank 0's is broadcast anyway. The
+        Every survivor holds the same commit; rank 0's is sent to all, with the
+        same two collectives as :meth:`restore`, so a rank that joins the job
+        (it calls ``restore()`` in its fresh process) receives it too. The
         sampler takes the new world's shards and re-shards the epoch's rest.
         """
         commit = self._commit
@@ -435,21 +458,27 @@ class Checkpointer:
         variables = model_vars + opt_vars
         for var, value in zip(variables, commit["arrays"], strict=True):
             var.assign(value)
+        state = {k: commit[k] for k in ("step", "epoch", "extra", "rng", "sampler")}
+        header = {"ok": True, "state": state, "path": None}
         if runtime.size() > 1:
+            header = collectives.broadcast_object(header, 0)
             collectives.broadcast_variables(variables, 0)
-        self.step, self.epoch = commit["step"], commit["epoch"]
-        self.extra.clear()
-        self.extra.update(json.loads(json.dumps(commit["extra"])))
-        _set_rng_state(commit["rng"])
-        if self.sampler is not None and commit["sampler"] is not None:
+        state = json.loads(json.dumps(header["state"]))
+        if self.sampler is not None:
             self.sampler.num_shards, self.sampler.shard_id = runtime.size(), runtime.rank()
-            self._restore_sampler(commit["sampler"])
-        self._scheduled_step = self._check_step = self.step
-        self._next_check = self.step + 1
-        self._last_save_time = self._check_time = time.monotonic()
+        self._take_state(state)
+        self._remember(variables)
         if self._preemption is not None:
             self._preemption.restart()
         return self.step
+
+    def _regroup(self, step: int) -> NoReturn:
+        """Every rank: commit ``step`` in memory and leave for the bigger world (a worker joins)."""
+        from . import elastic
+
+        self.step = int(step)
+        self._remember()
+        raise elastic.Regroup(self.step)
 
     def _restore_sampler(self, saved: dict) -> None:
         s = self.sampler
@@ -572,6 +601,8 @@ class Checkpointer:
             self.step = int(step)
         if self._preemption is not None and self._preemption.decide(step):
             self._stop_for_preemption(int(step), saved)
+        if self._preemption is not None and self._preemption.regroup:
+            self._regroup(int(step))
         return saved
 
     def _stop_for_preemption(self, step: int, saved: bool) -> None:

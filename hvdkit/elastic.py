@@ -40,11 +40,25 @@ from typing import Any
 from . import _progress, config, runtime
 from .errors import LaunchError, NotSupportedError
 
-__all__ = ["run", "enabled"]  # and Horovod's other names, refused with hvdkit's way
+__all__ = ["run", "enabled", "Regroup"]  # and Horovod's other names, refused with hvdkit's way
 
 # What a collective says once Horovod stopped for a failed peer (its background loop
 # ended on Gloo's error): every pending and later collective fails with it.
 _PEER_LOST = ("Horovod has been shut down",)
+
+
+class Regroup(Exception):
+    """Raised on every rank at a commit boundary where a worker waits to join the job.
+
+    :func:`run` catches it: the ranks leave Horovod, start it again with the
+    newcomer, and go on from ``step`` (committed in memory just before, so no
+    step is trained twice). Only seen by code that catches every exception
+    inside the training function: let it pass.
+    """
+
+    def __init__(self, step: int):
+        super().__init__(f"a worker joins the job after step {step}")
+        self.step = step
 
 
 def enabled() -> bool:
@@ -59,7 +73,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     state first (here a :class:`~hvdkit.Checkpointer`, with its model,
     optimizer and sampler). It restores the state (from disk, as
     :meth:`~hvdkit.Checkpointer.restore`: every rank starts alike) and calls
-    the function. If a collective fails because a peer died, and this rank
+    the function (unless ``restore()`` ran already: a newcomer's first
+    ``restore()`` receives the running job's state, and must be its only one).
+    If a collective fails because a peer died, and this rank
     belongs to an elastic job, it rejoins the job's new world, rolls the
     state back to its last save, resets the model's compiled Keras functions,
     and calls the function again; it returns what the function finally
@@ -85,10 +101,13 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 "its saves are the commits): hvdkit.Checkpointer(dir, model=..., sampler=..., "
                 "every_steps=N), then call the decorated function with it."
             )
-        state.restore()
+        if not state.restored:
+            state.restore()
         while True:
             try:
                 return func(state, *args, **kwargs)
+            except Regroup as exc:
+                _recover(state, exc)
             except Exception as exc:
                 if not enabled() or not _peer_lost(exc):
                     raise
@@ -119,6 +138,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hvdkit.elastic' has no attribute {name!r}")
 
 
+def join_waiting() -> bool:
+    """Whether this rank's worker left it a next assignment (a worker waits to join)."""
+    folder = config.get(config.ELASTIC_DIR)
+    if not folder:
+        return False
+    body = _read_assignment(os.path.join(folder, "assign.json"))
+    return body is not None and body["round"] > int(os.environ.get(config.RESTART_COUNT, "0"))
+
+
 def _peer_lost(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a collective that failed for a lost peer."""
     seen = 0
@@ -140,9 +168,11 @@ def _recover(ckpt, exc: BaseException) -> None:
     step = ckpt._rollback()
     for model in _models_of(ckpt):
         _reset_compiled_functions(model)
+    why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
+    back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
     print(
         f"hvdkit: rank {old_rank} of {old_size} is rank {runtime.rank()} of {runtime.size()} "
-        f"(round {round_}) after {type(exc).__name__}; rolled back to step {step}; "
+        f"(round {round_}) after {why}; {back} step {step}; "
         f"{joined - started:.2f} s to rejoin, {time.monotonic() - joined:.2f} s to roll back",
         file=sys.stderr,
         flush=True,
@@ -169,6 +199,7 @@ def _join_next_world() -> int:
         time.sleep(0.02)
     os.environ.update(body["env"])
     os.environ[config.RESTART_COUNT] = str(body["round"])
+    os.environ.pop(config.ELASTIC_JOIN, None)  # this process joined once, at its start
     runtime.init()
     return body["round"]
 

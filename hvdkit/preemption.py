@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from . import _progress, collectives, config, runtime
 from .errors import ConfigurationError
@@ -73,6 +74,10 @@ class Watch:
         self._clock: tuple[int, float] | None = None  # (step, time) of the last decision
         self._recent: list[float] = []  # rank 0: seconds per step, the last few intervals
         self._timer: threading.Timer | None = None
+        # hvdkit.elastic: whether a worker waits to join (this rank's view). The same
+        # exchange carries it, so a growing job needs no second collective per step.
+        self.join_waiting: Callable[[], bool] | None = None
+        self.regroup = False  # the last decision: every rank leaves for a bigger world
 
     @property
     def requested(self) -> bool:
@@ -90,6 +95,10 @@ class Watch:
     def decide(self, step: int) -> bool:
         """True (on every rank alike) when the job must stop after ``step``.
 
+        Also sets :attr:`regroup` alike on every rank: a worker waits to join
+        the job (:mod:`hvdkit.elastic`), so the ranks leave their world after
+        ``step`` (a preemption wins over it).
+
         Call it on every rank after the same steps. Collective at the steps
         where it decides.
 
@@ -101,15 +110,17 @@ class Watch:
         if self._next is not None and step < self._next:
             return False
         now = time.monotonic()
-        mine = (self.requested, None)
+        joining = self.join_waiting is not None and self.join_waiting()
+        mine = (self.requested, joining, None)
         if runtime.rank() == 0:
-            mine = (self.requested, self._plan(step, now))
+            mine = (self.requested, joining, self._plan(step, now))
         if runtime.size() > 1:
             said = collectives.allgather_object(mine, name="hvdkit.preemption")
         else:
             said = [mine]
-        stop = any(flag for flag, _ in said)
-        self._next, too_slow = said[0][1]
+        stop = any(flag for flag, _, _ in said)
+        self.regroup = not stop and any(join for _, join, _ in said)
+        self._next, too_slow = said[0][2]
         self._clock = (step, now)
         if too_slow is not None:
             raise ConfigurationError(
@@ -138,6 +149,7 @@ class Watch:
     def restart(self) -> None:
         """Decide again at the next step (a new world: hvdkit.elastic)."""
         self._next, self._clock, self._recent = None, None, []
+        self.regroup = False
 
     def stopped(self, step: int) -> None:
         """Record that this rank stops after ``step``: its heartbeats say so to the launcher."""

@@ -91,12 +91,27 @@ def init(
             "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
         )
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
+    _announce_joining()
     _backend = create(name)
     _configure_threads(threads, _backend.local_size())
     if _backend.size() > 1:
         _keep_a_second_inter_op_thread()
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
+
+
+def _announce_joining() -> None:
+    """A rank that joins a running elastic job tells its worker it is about to rendezvous.
+
+    The worker passes this on to the scheduler, which only then tells the
+    survivors to leave their world at the next commit boundary and meet this
+    rank in the new one (hvdkit.elastic; ``ready`` in ``HVDKIT_ELASTIC_DIR``).
+    """
+    folder = config.get(config.ELASTIC_DIR)
+    if not folder or not config.get(config.ELASTIC_JOIN):
+        return
+    with open(os.path.join(folder, "ready"), "w") as f:
+        f.write(str(os.getpid()))
 
 
 def _refuse_lonely_job() -> None:

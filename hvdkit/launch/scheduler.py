@@ -43,6 +43,7 @@ FAILURE_GRACE_S = 3.0
 SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
 ABORT_WAIT_S = 30.0
 DEFAULT_REPLACE_TIMEOUT_S = 10.0
+READY = "ready"  # an event's code: a joining worker's program is about to meet the others
 
 
 @dataclass(eq=False)
@@ -52,6 +53,7 @@ class Registration:
     hostname: str
     pid: int
     rank: int = -1
+    round: int = -1  # the round its program runs in (what its worker accepts messages for)
     gone: bool = False  # its connection closed: the worker (or its machine) is lost
 
     def send(self, **msg) -> bool:
@@ -119,6 +121,7 @@ class RoundResult:
     tail: tuple = ()
     preempted: str = ""  # a rank's "preempted after step N": the job stopped for SIGTERM
     survivors: list | None = None  # elastic: the workers whose programs go on in-process
+    joining: list | None = None  # elastic: workers that join the survivors (a cold start)
 
     @property
     def cause(self) -> str:
@@ -152,6 +155,7 @@ class Scheduler:
         self.budget = RestartBudget(max_restarts)
         self.elastic = elastic  # survivors of a failure go on in-process (hvdkit.elastic)
         self._round_no = 0  # rounds started so far, restarts and in-process recoveries alike
+        self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -241,7 +245,7 @@ class Scheduler:
         except BaseException:
             self.sock.close()
             raise
-        if self.budget.limit == 0:
+        if self.budget.limit == 0 and not self.elastic:
             # A late or surplus worker is refused at once instead of waiting
             # on a socket nobody accepts from.
             self.sock.close()
@@ -271,11 +275,24 @@ class Scheduler:
 
     def _rounds(self, regs: list[Registration], everyone: list[Registration]) -> int:
         """Run rounds until the job succeeds, is preempted, or runs out of restarts."""
-        inplace = False
+        inplace: list[Registration] = []
         while True:
             result = self._round(regs, self._round_no, inplace)
             self._round_no += 1
-            inplace = False
+            inplace = []
+            if result.joining:
+                everyone.extend(r for r in result.joining if r not in everyone)
+                log.warning(
+                    "%s joins: %d of %d workers as round %d (%d go on in-process; they make "
+                    "room at their next commit boundary)",
+                    ", ".join(r.describe() for r in result.joining),
+                    len(result.survivors) + len(result.joining),
+                    self.worker_num,
+                    self._round_no,
+                    len(result.survivors),
+                )
+                regs, inplace = result.survivors + result.joining, result.survivors
+                continue
             if result.survivors:
                 log.warning(
                     "%s; %d of %d workers go on in-process as round %d (lost: %s)",
@@ -285,7 +302,7 @@ class Scheduler:
                     self._round_no,
                     ", ".join(r.describe() for r in regs if r not in result.survivors),
                 )
-                regs, inplace = result.survivors, True
+                regs, inplace = result.survivors, list(result.survivors)
                 continue
             if result.culprit is None and result.preempted:
                 log.warning(
@@ -365,7 +382,15 @@ class Scheduler:
             )
         return regs
 
-    def _round(self, regs: list[Registration], round_: int, inplace: bool = False) -> RoundResult:
+    def _round(
+        self, regs: list[Registration], round_: int, inplace: list[Registration]
+    ) -> RoundResult:
+        """Run one round: ``inplace`` are workers whose programs go on in-process.
+
+        The others start their program. When both kinds are in a round (a
+        worker joins the survivors), the survivors are told only once every
+        newcomer's program is ready to meet them (see :meth:`_watch`).
+        """
         from horovod.runner.common.util.hosts import SlotInfo
 
         from .guard import GuardedRendezvous
@@ -387,32 +412,63 @@ class Scheduler:
         server = GuardedRendezvous(self.host, {r.host for r in regs})
         rdv_port = server.start()
         server.init(plan)
+        joining = [r for r in regs if r not in inplace] if inplace else []
         try:
+            later = {}  # survivors' assignments, sent once the newcomers are ready
             for a in layout:
                 reg = a.pop("reg")
                 reg.rank = a["rank"]
                 a["hostname"] = f"host{a.pop('host_index')}"
-                reg.send(
+                msg = dict(
                     type="assign",
                     rendezvous_port=rdv_port,
                     round=round_,
                     elastic=self.elastic,
-                    inplace=inplace,
+                    inplace=reg in inplace,
+                    join=reg in joining,
                     **a,
                 )
+                if joining and reg in inplace:
+                    later[reg] = msg
+                else:
+                    reg.round = round_
+                    reg.send(**msg)
+            kind = "in-process " if inplace and not joining else "growing " if joining else ""
             log.info(
                 "assigned %d ranks on %d host(s); rendezvous on port %d%s",
                 len(regs),
                 len({r.host for r in regs}),
                 rdv_port,
-                f" ({'in-process ' if inplace else ''}round {round_})" if round_ else "",
+                f" ({kind}round {round_})" if round_ else "",
             )
-            return self._watch(regs, round_)
-        finally:
+            result = self._watch(regs, round_, later)
+        except BaseException:
             server.stop()
+            raise
+        finally:
+            for old in self._servers_in_use:
+                old.stop()
+            self._servers_in_use = []
+        if result.joining:
+            # The survivors may still be meeting in this round's rendezvous (a newcomer
+            # can register right after an in-process recovery): it serves them until
+            # the next round ends.
+            self._servers_in_use = [server]
+        else:
+            server.stop()
+        return result
 
-    def _watch(self, regs: list[Registration], round_: int) -> RoundResult:
+    def _watch(self, regs: list[Registration], round_: int, later: dict) -> RoundResult:
+        """Follow a round until every rank reported; how it ended.
+
+        ``later``: the survivors' assignments of a growing round, sent when
+        every joining worker said ``ready``; until then those workers still
+        run the previous round (their reports carry its number).
+        """
         remaining = {r: r.rank for r in regs}
+        newcomers = {r for r in regs if r not in later} if later else set()
+        waiting = set(newcomers)  # newcomers whose programs are not ready yet
+        ready_by = time.monotonic() + self.timeout_s
         failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         exited_ok: list[int] = []
         grace_until = None
@@ -425,8 +481,14 @@ class Scheduler:
         preempted = ""  # a rank's report "preempted after step N"
         while remaining:
             if self._sigterm and not preempt_sent:
-                self._preempt(remaining, round_)
+                self._preempt(remaining)
                 preempt_sent = True
+            if waiting and time.monotonic() > ready_by:
+                return self._without(remaining, newcomers, "its program was not ready in time")
+            if not later and not failures and not preempt_sent:
+                grown = self._grow(remaining)
+                if grown is not None:
+                    return grown
             timeout = SIGNAL_POLL_S if grace_until is None else grace_until - time.monotonic()
             try:
                 reg, rnd, code, detail, tail = self.events.get(timeout=max(0.0, timeout))
@@ -434,9 +496,25 @@ class Scheduler:
                 if grace_until is None:
                     continue  # only a look at the signals
                 break  # grace over: stop the rest
-            if reg not in remaining or (rnd is not None and rnd != round_):
+            if reg not in remaining or (rnd is not None and rnd != reg.round):
                 continue  # a late report of an earlier round
+            if code == READY:
+                waiting.discard(reg)
+                if not waiting and later:  # the newcomers wait in the rendezvous
+                    for r, msg in later.items():
+                        r.round = round_
+                        r.send(**msg)
+                    later = {}
+                continue
             rank = remaining.pop(reg)
+            if later:  # the survivors were not told yet: they still train in their world
+                if reg in newcomers:
+                    remaining[reg] = rank  # _without() sends it away with the others
+                    return self._without(remaining, newcomers, f"rank {rank} {detail}")
+                if code != 0:  # a survivor died: regroup the others, without newcomers
+                    return self._without(remaining, newcomers, "a survivor was lost meanwhile")
+                self._send_away(remaining, newcomers, "the job is finishing")
+                newcomers, waiting, later = set(), set(), {}
             if code == config.EXIT_PREEMPTED:
                 preempted = preempted or detail
                 continue
@@ -453,7 +531,7 @@ class Scheduler:
                 # A worker sees only its own ranks: ask the others what theirs
                 # are doing, so the report names every rank's collective.
                 for r in remaining:
-                    r.send(type="describe", round=round_)
+                    r.send(type="describe", round=r.round)
                 described = True
             if grace_until is None:
                 # Other ranks usually fail right after the real culprit;
@@ -477,7 +555,7 @@ class Scheduler:
         if meanwhile:  # the job's final report names every rank too
             detail = f"{detail}. Meanwhile {'; '.join(meanwhile)}"
         for r in remaining:
-            r.send(type="abort", round=round_, reason=f"rank {culprit} failed: {detail}")
+            r.send(type="abort", round=r.round, reason=f"rank {culprit} failed: {detail}")
         deadline = time.monotonic() + ABORT_WAIT_S
         while remaining and time.monotonic() < deadline:
             try:
@@ -495,7 +573,40 @@ class Scheduler:
                 r.channel.close()
         return RoundResult(culprit, detail, tuple(tail))
 
-    def _preempt(self, regs, round_: int) -> None:
+    def _grow(self, remaining: dict) -> RoundResult | None:
+        """Elastic and short of workers: a registered newcomer makes the next round bigger."""
+        if not self.elastic or len(remaining) >= self.worker_num:
+            return None
+        joining = []
+        while len(remaining) + len(joining) < self.worker_num:
+            try:
+                reg = self.newcomers.get_nowait()
+            except queue.Empty:
+                break
+            if not reg.gone:
+                joining.append(reg)
+        if not joining:
+            return None
+        return RoundResult(survivors=list(remaining), joining=joining)
+
+    def _without(self, remaining: dict, newcomers: set, why: str) -> RoundResult:
+        """A growing round that cannot form: the newcomers are sent away, the others regroup."""
+        self._send_away(remaining, newcomers, why)
+        survivors = [r for r in remaining if not r.gone]
+        if not survivors or len(survivors) < self.min_workers:
+            for r in survivors:
+                r.send(type="abort", round=r.round, reason=why)
+            return RoundResult(remaining.get(survivors[0], 0) if survivors else 0, why)
+        return RoundResult(survivors=survivors)
+
+    @staticmethod
+    def _send_away(remaining: dict, newcomers: set, why: str) -> None:
+        log.error("the joining workers are sent away (%s)", why)
+        for r in newcomers:
+            if remaining.pop(r, None) is not None:
+                r.send(type="abort", round=r.round, reason=f"could not join the job: {why}")
+
+    def _preempt(self, regs) -> None:
         """Pass the scheduler's SIGTERM on: every worker forwards it to its rank."""
         log.warning(
             "SIGTERM: asking the %d workers to stop their ranks at a common step and "
@@ -505,7 +616,7 @@ class Scheduler:
             config.PREEMPT_GRACE,
         )
         for r in regs:
-            r.send(type="preempt", round=round_, reason="the scheduler received SIGTERM")
+            r.send(type="preempt", round=r.round, reason="the scheduler received SIGTERM")
 
     @staticmethod
     def _lost(reg: Registration) -> str:
@@ -525,6 +636,8 @@ class Scheduler:
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))
+            elif msg.get("type") == READY and isinstance(msg.get("round"), int):
+                self.events.put((reg, msg["round"], READY, "", []))
             elif msg.get("type") == "state":
                 self._record_doings(msg)
 

@@ -119,7 +119,10 @@ def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int,
     code, msg = 1, first
     with processes.stop_signals() as signals:
         while msg is not None and msg.get("type") != "done":
-            if msg.get("type") == "assign":
+            if msg.get("type") == "assign" and msg.get("inplace"):
+                # Our program ended before its next world reached it (the job finishing).
+                _report(ch, int(msg["round"]), code, "ended before the job's new world formed", [])
+            elif msg.get("type") == "assign":
                 code = _run_program(ch, inbox, msg, sched_host, token, command, stall, out, signals)
                 if signals:  # told to stop: no next round for this worker
                     return (code if code == config.EXIT_PREEMPTED else 1), None
@@ -304,8 +307,12 @@ def _refused(where: str, reason: str) -> NoReturn:
 
 
 def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -> None:
+    _send(ch, type="exit", round=round_, code=code, detail=detail, tail=tail)
+
+
+def _send(ch: Channel, **msg) -> None:
     try:
-        ch.send(type="exit", round=round_, code=code, detail=detail, tail=tail)
+        ch.send(**msg)
     except OSError:
         pass  # the scheduler is gone; it has its own account of this rank
 
@@ -323,8 +330,19 @@ class _ElasticHandover:
     def __init__(self, assign: dict, env: dict[str, str]):
         self.folder = tempfile.mkdtemp(prefix="hvdkit-elastic-")  # mode 700
         env[config.ELASTIC_DIR] = self.folder
+        self.joining = bool(assign.get("join"))  # our program joins running survivors
+        if self.joining:  # it waits in the rendezvous until they reach a commit boundary
+            env[config.ELASTIC_JOIN] = "1"
+            env[config.GLOO_TIMEOUT] = str(config.ELASTIC_JOIN_GLOO_TIMEOUT_S)
         env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
         self._first_rank = assign["rank"]
+
+    def newly_ready(self) -> bool:
+        """True once, when our joining program is about to meet the survivors (runtime.init)."""
+        if not self.joining or not os.path.exists(os.path.join(self.folder, "ready")):
+            return False
+        self.joining = False
+        return True
 
     def hand_over(self, assign: dict, horovod: dict[str, str]) -> None:
         log.warning(
@@ -334,6 +352,8 @@ class _ElasticHandover:
             assign["size"],
             assign["round"],
         )
+        # Later worlds notice a dead peer fast again (a joiner waited longer once).
+        horovod = {**horovod, config.GLOO_TIMEOUT: str(config.ELASTIC_GLOO_TIMEOUT_S)}
         body = json.dumps({"round": int(assign["round"]), "env": horovod})
         tmp = os.path.join(self.folder, ".assign.json")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -395,6 +415,9 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     def on_tick():
         if reasons:
             return
+        if elastic is not None and elastic.newly_ready():
+            log.info("rank %d is ready to join the running ranks (round %d)", rank, round_)
+            _send(ch, type="ready", round=round_)
         while running.reassign:  # the job lost a worker: our program goes on, renumbered
             new = running.reassign.pop(0)
             running.number = int(new["round"])

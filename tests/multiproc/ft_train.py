@@ -14,7 +14,7 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
         [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
         [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
-        [--step-sleep S]
+        [--step-sleep S] [--stop-at STEP [--stop-attempt A]]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -41,6 +41,10 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   exists (the preemption tests send SIGTERM meanwhile).
 * ``--step-sleep S``: every step sleeps S seconds after its update, so the
   steps after a hold take at least that long on any machine.
+* ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
+  after step STEP every rank makes sure it is saved (rank 0 writes it), waits
+  for the others, and exits 0 without a result file: the first half of a run
+  cut in two.
 
 Output, in OUTDIR, per attempt ``A`` and rank ``R``:
 
@@ -77,9 +81,7 @@ FEATURES, CLASSES = 6, 3
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
-    p.add_argument(
-        "--mode", choices=["fit", "sink", "loop", "data_sink", "elastic"], default="fit"
-    )
+    p.add_argument("--mode", choices=["fit", "sink", "loop", "data_sink", "elastic"], default="fit")
     p.add_argument("--ckpt", default=None)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=96)
@@ -94,6 +96,8 @@ def parse_args(argv):
     p.add_argument("--hold", type=int, default=None)
     p.add_argument("--hold-until", default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--stop-at", type=int, default=None)
+    p.add_argument("--stop-attempt", type=int, default=0)
     return p.parse_args(argv)
 
 
@@ -241,6 +245,7 @@ def custom_step(inputs, y):
 
 step_fn = tf.function(custom_step)
 
+
 def train_epochs(mode):
     for epoch in range(sampler.epoch, ARGS.epochs):
         sampler.set_epoch(epoch)
@@ -262,16 +267,31 @@ def train_elastic(state):
     train_epochs("fit")
 
 
+class StopAt(keras.callbacks.Callback):
+    """--stop-at: save the step (if the schedule did not), wait for every rank, exit 0."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if ckpt.step != ARGS.stop_at or ATTEMPT != ARGS.stop_attempt:
+            return
+        if ckpt.step % ARGS.every:
+            ckpt.save(ckpt.step)
+        hvdkit.broadcast_object(None, 0)  # rank 0's write is done
+        IDS.close()
+        print(f"[rank {RANK}] ft_train: stopped after step {ckpt.step}", flush=True)
+        os._exit(0)
+
+
 def train_epoch(mode, epoch):
     ds = sampler.dataset(DATA).batch(B)
     if mode == "fit":
+        stop = [StopAt()] if ARGS.stop_at is not None else []
         model.fit(
             ds,
             initial_epoch=epoch,
             epochs=epoch + 1,
             verbose=0,
             shuffle=False,
-            callbacks=[hvdkit.data.ShardPositionCallback(sampler, B), ckpt.callback()],
+            callbacks=[hvdkit.data.ShardPositionCallback(sampler, B), ckpt.callback(), *stop],
         )
     elif mode == "sink":
         hvdkit.sink.train(
