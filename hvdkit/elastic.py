@@ -13,6 +13,14 @@ over the new world, and calls the training function again (Horovod's
 model and the optimizer stay in memory; only the steps since the last save
 are trained again.
 
+While the job runs on fewer workers than ``HVDKIT_WORKER_NUM``, a worker that
+registers joins it: once its program is about to start Horovod, the
+scheduler gives the others the bigger world; they agree on a step (the
+preemption check's exchange carries the flag), commit it in memory, raise
+:class:`Regroup` there, and :func:`run` takes them into the new world as
+above, from that step (nothing is trained again). The newcomer's
+``restore()`` receives the state from the new rank 0.
+
 Gloo only: Open MPI cannot admit a process set change within a job, so an
 ``--mpi`` job (``hvdkitrun``) restarts as before (``--max-restarts``).
 

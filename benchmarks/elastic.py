@@ -1,0 +1,188 @@
+"""Time from a worker's death to the survivors' next training step, in-process (hvdkit.elastic).
+
+    python benchmarks/elastic.py [--repeats 3]
+
+Runs the scheduler/worker launch with ``HVDKIT_ELASTIC=1``, 3 workers and
+``HVDKIT_MIN_WORKERS=2`` on this file in worker mode: a small Keras model
+trained with ``model.fit`` inside ``@hvdkit.elastic.run``, a Checkpointer
+saving every 10 steps. At step 20 rank 2 writes the time and SIGKILLs its
+worker (its own process dies with it). The two survivors go on in their
+processes. Prints a table (seconds after the death, median over the runs)
+and writes ``bench_results/elastic.json``. The phases, per survivor:
+
+* ``detected``: death -> its collective fails (Gloo sees the peer's
+  connection close, or its 2 s timeout passes);
+* ``rejoin``: leaving Horovod, waiting for the scheduler's new world (via
+  the worker), and starting Horovod again in it (``hvdkit.init()``);
+* ``roll_back``: the last save's state from memory, broadcast from rank 0,
+  the sampler re-sharded;
+* ``first_step``: the training function called again: Keras traces its
+  train function anew and takes the first step of the new world;
+* ``total``: death -> the slowest survivor's first step is done.
+
+Compare with ``benchmarks/restart.py`` (the whole job restarted). Wall-clock
+times on a shared machine; never a pass/fail gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DIE_AT, EVERY, STEPS = 20, 10, 40
+PHASES = ["detected", "rejoin", "roll_back", "first_step", "total"]
+CLUSTER = REPO / "examples" / "cluster"
+
+
+def worker(outdir: Path) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+
+    import hvdkit
+
+    hvdkit.init()
+    keras.utils.set_random_seed(0)
+    n = 8 * 3 * STEPS
+    x = np.random.default_rng(0).normal(size=(n, 32)).astype("float32")
+    y = (x[:, :4].sum(1) > 0).astype("int32")
+    model = keras.Sequential(
+        [keras.Input((32,)), keras.layers.Dense(64, "relu"), keras.layers.Dense(2)]
+    )
+    model.compile(
+        hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    sampler = hvdkit.data.ShardSampler(n, shuffle=True, seed=1)
+    ckpt = hvdkit.Checkpointer(outdir / "ckpt", model=model, sampler=sampler, every_steps=EVERY)
+    marks: dict[str, float] = {}
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if "entered" in marks and "first_step" not in marks:
+                marks["first_step"] = time.time()
+                (outdir / f"marks.{hvdkit.rank()}.json").write_text(json.dumps(marks))
+            first = os.environ.get("HVDKIT_RESTART_COUNT", "0") == "0"
+            if ckpt.step == DIE_AT and hvdkit.rank() == 2 and first and "entered" not in marks:
+                (outdir / "death").write_text(repr(time.time()))
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(60)
+
+    calls = []
+
+    @hvdkit.elastic.run
+    def train(state):
+        if calls:
+            marks["entered"] = time.time()
+        calls.append(1)
+        for epoch in range(sampler.epoch, 1):
+            sampler.set_epoch(epoch)
+            model.fit(
+                sampler.dataset((x, y)).batch(8),
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                verbose=0,
+                callbacks=[ckpt.callback(batch_size=8), Clock()],
+            )
+
+    train(ckpt)
+
+
+def one_run(port: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hvdkit-elastic-bench-") as tmp:
+        outdir = Path(tmp)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", HVDKIT_ELASTIC="1")
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        env.update(
+            HVDKIT_SCHED_PORT=str(port),
+            HVDKIT_JOB_TOKEN="bench-" + os.urandom(8).hex(),
+            HVDKIT_WORKER_NUM="3",
+            HVDKIT_MIN_WORKERS="2",
+            HVDKIT_SCHED_TIMEOUT="120",
+        )
+        sched = subprocess.Popen(
+            [str(CLUSTER / "run_scheduler.sh")],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        workers = subprocess.Popen(
+            [str(CLUSTER / "run_workers.sh"), "3", sys.executable, __file__, "--worker", tmp],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out = workers.communicate(timeout=900)[0]
+        sched_out = sched.communicate(timeout=120)[0]
+        if sched.returncode != 0 or not (outdir / "death").exists():
+            raise SystemExit(f"the run failed:\n{sched_out[-3000:]}\n{out[-3000:]}")
+        death = float((outdir / "death").read_text())
+        marks = [json.loads((outdir / f"marks.{r}.json").read_text()) for r in (0, 1)]
+    said = re.findall(r"\[rank (\d)\].*?([\d.]+) s to rejoin, ([\d.]+) s to roll back", out)
+    split = {int(r): (float(a), float(b)) for r, a, b in said}
+    rows = []
+    for rank, m in enumerate(marks):
+        rejoin, roll_back = split[rank]
+        rows.append(
+            {
+                "detected": m["entered"] - death - rejoin - roll_back,
+                "rejoin": rejoin,
+                "roll_back": roll_back,
+                "first_step": m["first_step"] - m["entered"],
+            }
+        )
+    result = {ph: statistics.mean(r[ph] for r in rows) for ph in PHASES[:-1]}
+    result["total"] = max(m["first_step"] for m in marks) - death
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", metavar="OUTDIR", help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--port", type=int, default=29650)
+    args = p.parse_args()
+    if args.worker:
+        worker(Path(args.worker))
+        return
+    t0 = time.time()
+    runs = [one_run(args.port + i) for i in range(args.repeats)]
+    med = {ph: statistics.median(run[ph] for run in runs) for ph in PHASES}
+    print(
+        f"\nseconds after a worker's death, survivors in-process (3 workers -> 2, "
+        f"{args.repeats} runs, median; survivors' mean per phase)"
+    )
+    print("".join(f"{ph:>12}" for ph in PHASES))
+    print("".join(f"{med[ph]:12.2f}" for ph in PHASES))
+    print("total per run: " + ", ".join(f"{run['total']:.2f}" for run in runs))
+    out = REPO / "bench_results" / "elastic.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "what": "seconds from a worker's SIGKILL to the survivors' first step, in-process",
+                "machine": f"{os.cpu_count()} cores, shared",
+                "phases": PHASES,
+                "median": med,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"\nwrote {out} in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
