@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import subprocess
 import threading
 import time
@@ -79,11 +80,23 @@ class Job:
                 if found:
                     return found[0]
                 if self.procs[name].poll() is not None or time.monotonic() > deadline:
-                    everyone = "\n".join(
-                        f"--- {n}\n{''.join(lines)[-3000:]}" for n, lines in self.lines.items()
-                    )
-                    raise AssertionError(f"{name} never said {text!r}:\n{everyone}")
+                    raise AssertionError(f"{name} never said {text!r}:\n{self._everyone()}")
                 self._new_line.wait(timeout=1.0)
+
+    def wait_for_count(self, name: str, text: str, count: int) -> None:
+        """Until ``count`` lines of ``name`` hold ``text``; fails if its process ends first."""
+        deadline = time.monotonic() + HANG
+        with self._new_line:
+            while sum(text in ln for ln in self.lines[name]) < count:
+                if self.procs[name].poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{name} said {text!r} fewer than {count} times:\n{self._everyone()}"
+                    )
+                self._new_line.wait(timeout=1.0)
+
+    def _everyone(self) -> str:
+        """Every process's last output (the lock is held)."""
+        return "\n".join(f"--- {n}\n{''.join(ln)[-3000:]}" for n, ln in self.lines.items())
 
     def output(self, name: str) -> str:
         with self._new_line:
@@ -96,23 +109,31 @@ class Job:
         return {n: (codes[n], self.output(n)) for n in self.procs}
 
 
-def start_job(root: Path, *extra: str, workers: int = 3, **settings: str) -> tuple[Job, Path]:
-    """Scheduler + ``workers`` workers running ft_train --mode elastic; the job and its folder."""
+def start_job(
+    root: Path,
+    *extra: str,
+    workers: int = 3,
+    samples: int = SAMPLES,
+    epochs: int = EPOCHS,
+    **settings: str,
+) -> tuple[Job, Path]:
+    """Scheduler + ``workers`` workers running ft_train --mode elastic; the job and its folder.
+
+    ``HVDKIT_WORKER_NUM`` is ``workers`` and ``HVDKIT_MIN_WORKERS`` 2 unless
+    ``settings`` say otherwise."""
     out = root / "out"
     out.mkdir(parents=True)
     env = {
         **launcher_env(),
         **sched_env(
             free_port(),
-            worker_num=3,
-            HVDKIT_MIN_WORKERS="2",
-            HVDKIT_CHECKPOINT_DIR=str(out / "ckpt"),
-            **settings,
+            worker_num=workers,
+            **{"HVDKIT_MIN_WORKERS": "2", "HVDKIT_CHECKPOINT_DIR": str(out / "ckpt"), **settings},
         ),
     }
     job = Job(root, env)
-    job.train = [PY, FT_TRAIN, str(out), "--mode", "elastic", "--epochs", str(EPOCHS)]
-    job.train += ["--samples", str(SAMPLES), "--every", str(EVERY), *extra]
+    job.train = [PY, FT_TRAIN, str(out), "--mode", "elastic", "--epochs", str(epochs)]
+    job.train += ["--samples", str(samples), "--every", str(EVERY), *extra]
     job.start("scheduler", [SCHEDULER_SH])
     for i in range(workers):
         job.start(f"worker{i}", [WORKERS_SH, "1", *job.train])
@@ -132,32 +153,31 @@ def records(path: Path) -> list[dict]:
 
 
 def trained_ids(out: Path, upto: int | None = None) -> dict[int, collections.Counter]:
-    """Per epoch, the ids kept: every step a process trained, except the steps after a
-    rollback's step that were trained before it (redone after it); with ``upto``, only
-    the steps up to that one."""
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    """Per epoch, the ids whose steps live on in the final weights; with ``upto``, only
+    those of steps up to that one.
+
+    Each round of the job (a restart, an in-process recovery, a growth) began at a
+    step: a process's first line says it for the round it started in, a recovery
+    mark for the round it went on in. A step trained in round r counts if it is not
+    after the step the next round began at (later ones were rolled back, and
+    trained again there).
+    """
     files = sorted(out.glob("ids-a*-r*.jsonl"))
-    # Where each attempt's successor (a restart) or a recovery went back to.
-    back_to = {}
+    began: dict[int, int] = {}
     for f in files:
-        attempt = int(f.name.split("-")[1][1:])
-        first = records(f)[0]
-        if attempt > 0:
-            back_to[attempt - 1] = min(back_to.get(attempt - 1, 1 << 30), first["resumed_from"])
-        for rec in records(f):
+        rows = records(f)
+        began.setdefault(int(f.name.split("-")[1][1:]), rows[0]["resumed_from"])
+        for rec in rows:
             if "recovered_from" in rec:
-                back_to[attempt] = min(back_to.get(attempt, 1 << 30), rec["recovered_from"])
+                began[rec["round"]] = rec["recovered_from"]
+    rounds = sorted(began)
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for f in files:
-        attempt = int(f.name.split("-")[1][1:])
-        limit = back_to.get(attempt)
-        recovered = False
         for rec in records(f)[1:]:
-            if "recovered_from" in rec:
-                recovered = True
+            if "ids" not in rec or (upto is not None and rec["step"] > upto):
                 continue
-            if upto is not None and rec["step"] > upto:
-                continue
-            if recovered or limit is None or rec["step"] <= limit:
+            later = [r for r in rounds if r > rec["round"]]
+            if not later or rec["step"] <= began[later[0]]:
                 per_epoch[rec["epoch"]].update(rec["ids"])
     return dict(per_epoch)
 
@@ -257,3 +277,95 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
         assert set(counts) == set(range(SAMPLES)), (epoch, counts)
         assert sum(counts.values()) == SAMPLES + repeats, (epoch, cursor, counts)
         assert counts == ref_ids[epoch], (epoch, counts, ref_ids[epoch])
+
+
+# ---------------------------------------------------------------- chaos
+CHAOS_SAMPLES, CHAOS_EPOCHS = 192, 4  # 12 steps per epoch on 4 workers
+WORLD_LINE = re.compile(
+    r"is rank \d+ of (\d+) \(round (\d+)\) after .*?(?:rolled back to|went on from) step (\d+);"
+)
+
+
+def chaos_faults(seed: int) -> list[dict]:
+    """Three faults at spaced steps, each a SIGKILL of a rank, a frozen rank or a lost worker."""
+    rng = np.random.default_rng(seed)
+    steps = [int(rng.integers(lo, lo + 6)) for lo in (6, 22, 38)]
+    kinds = rng.choice(["kill", "stop", "worker"], size=3)
+    return [
+        {"step": s, "rank": int(rng.integers(0, 2)), "how": str(k)}
+        for s, k in zip(steps, kinds, strict=True)
+    ]
+
+
+def test_chaos_three_faults_and_returns_end_as_the_same_schedule_of_world_sizes(tmp_path):
+    faults = chaos_faults(seed=2)  # a SIGKILL, a frozen rank, a lost worker
+    job, out = start_job(
+        tmp_path / "chaos",
+        "--faults",
+        json.dumps(faults),
+        "--step-sleep",
+        "0.2",
+        workers=4,
+        samples=CHAOS_SAMPLES,
+        epochs=CHAOS_EPOCHS,
+        HVDKIT_ELASTIC="1",
+        HVDKIT_MAX_RESTARTS="3",  # a worker whose program died joins again: one each
+        HVDKIT_STALL_TIMEOUT="8",  # the frozen rank's worker stops it after this
+    )
+    # A lost worker is replaced by a new one, started when the scheduler says it is lost.
+    lost_workers = sum(f["how"] == "worker" for f in faults)
+    for i in range(lost_workers):
+        job.wait_for_count("scheduler", "lost its worker", i + 1)
+        job.start(f"new{i}", [WORKERS_SH, "1", *job.train])
+    result = job.finish()
+    report = "\n".join(f"--- {n} ({c})\n{o[-2500:]}" for n, (c, o) in result.items())
+    assert result["scheduler"][0] == 0, (faults, report)
+    assert len(list(out.glob("fault-*"))) == 3, (faults, report)  # every fault fired
+
+    # The schedule of world sizes, from the ranks' own lines: round -> (step, size).
+    changes = {}
+    for _, o in result.values():
+        for size, round_, step in WORLD_LINE.findall(o):
+            changes[int(round_)] = (int(step), int(size))
+    schedule = [(0, 4)] + [changes[r] for r in sorted(changes)]
+    assert len(schedule) >= 4, (schedule, report)  # three losses at least, and returns
+    assert schedule[-1][1] == 4 or len(schedule) > 4, schedule
+
+    # The reference: the same world sizes, one fault-free job per part, each from the
+    # checkpoint the previous part stopped at.
+    ckpt = out.parent / "ref-ckpt"
+    parts = [
+        (s, w, nxt) for (s, w), (nxt, _) in zip(schedule, [*schedule[1:], (None, 0)], strict=True)
+    ]
+    finals = []
+    for i, (start, size, stop) in enumerate(parts):
+        if stop is not None and stop == start:
+            continue  # a world that did not train a step
+        extra = ["--ckpt", str(ckpt)] + (["--stop-at", str(stop)] if stop is not None else [])
+        ref, ref_out = start_job(
+            tmp_path / f"ref{i}",
+            *extra,
+            workers=size,
+            samples=CHAOS_SAMPLES,
+            epochs=CHAOS_EPOCHS,
+            HVDKIT_MIN_WORKERS=str(size),
+        )
+        done = ref.finish()
+        assert done["scheduler"][0] == 0, (i, schedule, done["scheduler"][1][-2500:])
+        assert records(ref_out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
+        finals.append(ref_out)
+
+    weights = final_weights(out) + final_weights(finals[-1])
+    for w in weights[1:]:
+        np.testing.assert_array_equal(w, weights[0])
+    ref_ids: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for ref_out in finals:
+        for epoch, counts in trained_ids(ref_out).items():
+            ref_ids[epoch] += counts
+    ids = trained_ids(out)
+    assert sorted(ids) == sorted(ref_ids) == list(range(CHAOS_EPOCHS))
+    for epoch, counts in ids.items():
+        # Every sample at least once; repeats only pad mode's, the reference's exactly.
+        assert set(counts) == set(range(CHAOS_SAMPLES)), (epoch, counts)
+        assert counts == ref_ids[epoch], (epoch, schedule, counts, ref_ids[epoch])
+        assert sum(counts.values()) - CHAOS_SAMPLES < 4 * len(schedule), (epoch, counts)

@@ -101,8 +101,12 @@ def supervise(
     on_tick: Callable[[], None] | None = None,
     on_stop: Callable[[list[tuple[int, float]]], None] | None = None,
     poll_s: float = 0.25,
+    stuck_s: float | None = None,
 ) -> Ended:
     """Wait for ``child``; stop its process group on a stall or once a stop reason appears.
+
+    A rank is stalled after ``stall_s`` without a heartbeat, stuck after
+    ``stuck_s`` (default ``stall_s``) waiting in one collective.
 
     The one supervise loop of ``hvdkitrun`` and of a worker. ``monitor`` is a
     :class:`~hvdkit.launch.heartbeat.HeartbeatMonitor`; ``stop_reasons`` is
@@ -115,7 +119,7 @@ def supervise(
         if on_tick is not None:
             on_tick()
         stalled = monitor.silent_ranks(stall_s)
-        stuck = "" if stalled else monitor.stuck_report(stall_s)
+        stuck = "" if stalled else monitor.stuck_report(stall_s if stuck_s is None else stuck_s)
         if stalled or stuck or stop_reasons:
             break
         time.sleep(poll_s)

@@ -302,6 +302,7 @@ class Scheduler:
                     self._round_no,
                     ", ".join(r.describe() for r in regs if r not in result.survivors),
                 )
+                self._let_back([r for r in regs if r not in result.survivors], result.cause)
                 regs, inplace = result.survivors, list(result.survivors)
                 continue
             if result.culprit is None and result.preempted:
@@ -334,6 +335,26 @@ class Scheduler:
                 log.error("%s", self.budget.summary())
                 return self._finish(everyone, 1)
             everyone.extend(r for r in regs if r not in everyone)
+
+    def _let_back(self, lost: list[Registration], cause: str) -> None:
+        """Elastic: a worker whose program failed (it is still there) may join again.
+
+        Each such return counts as a restart against ``HVDKIT_MAX_RESTARTS``,
+        so a program that fails every time does not come back forever.
+        """
+        for r in lost:
+            if r.gone:
+                continue  # the worker itself is lost: a new one may register
+            if self.budget.record(cause) is None:
+                log.warning("%s does not join again: %s", r.describe(), self.budget.summary())
+                continue
+            log.warning(
+                "%s joins again with a new program (restart %d/%d)",
+                r.describe(),
+                self.budget.restarts,
+                self.budget.limit,
+            )
+            self.newcomers.put(r)
 
     def _finish(self, regs: list[Registration], code: int) -> int:
         while True:  # workers waiting to replace someone are told too

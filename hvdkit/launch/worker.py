@@ -446,8 +446,12 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
             out.pump(child.stdout, "stdout", rank=rank),
             out.pump(child.stderr, "stderr", rank=rank),
         ]
+        # In an elastic job a frozen peer is stopped by its own worker after the stall
+        # timeout, and then every other rank's collective fails and they go on
+        # in-process: waiting that long in a collective is not yet "stuck" here.
+        stuck = 2 * stall if elastic is not None else stall
         ended = processes.supervise(
-            child, monitor, stall, reasons, on_tick=on_tick, on_stop=on_stop
+            child, monitor, stall, reasons, on_tick=on_tick, on_stop=on_stop, stuck_s=stuck
         )
         for t in pumps:
             t.join(timeout=5)

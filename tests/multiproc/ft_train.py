@@ -14,7 +14,7 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
         [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
         [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
-        [--step-sleep S] [--stop-at STEP [--stop-attempt A]]
+        [--step-sleep S] [--stop-at STEP [--stop-attempt A]] [--faults JSON]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -41,6 +41,9 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   exists (the preemption tests send SIGTERM meanwhile).
 * ``--step-sleep S``: every step sleeps S seconds after its update, so the
   steps after a hold take at least that long on any machine.
+* ``--faults JSON``: a list of ``{"step": s, "rank": r, "how": kill|stop|worker}``;
+  each fires once in the whole job (a marker file ``OUTDIR/fault-<i>``
+  decides), inside step s, on the process that is rank r at that moment.
 * ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
   after step STEP every rank makes sure it is saved (rank 0 writes it), waits
   for the others, and exits 0 without a result file: the first half of a run
@@ -49,8 +52,9 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
 Output, in OUTDIR, per attempt ``A`` and rank ``R``:
 
 * ``ids-a<A>-r<R>.jsonl``: a first line ``{"resumed_from": step, "size": S}``,
-  then one line per training step ``{"epoch": e, "step": s, "ids": [...]}``
-  (the global step after the update, and the sample ids of this rank's batch);
+  then one line per training step ``{"epoch": e, "step": s, "ids": [...],
+  "round": r}`` (the global step after the update, the sample ids of this
+  rank's batch, and the launcher's round it was trained in);
 * ``result-a<A>-r<R>.json`` at the end: ``resumed_from``, ``final_step``,
   ``size``, ``weights`` (every model and optimizer variable, flattened, as
   float64) and ``warnings`` (the checkpoint warnings of the restore).
@@ -97,6 +101,7 @@ def parse_args(argv):
     p.add_argument("--hold-until", default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--stop-at", type=int, default=None)
+    p.add_argument("--faults", type=json.loads, default=[])
     p.add_argument("--stop-attempt", type=int, default=0)
     return p.parse_args(argv)
 
@@ -127,7 +132,12 @@ def kill_self(why: str, how: str = "kill") -> None:
 def record(step, ids):
     """Host side of the training step: write the step's ids, maybe crash."""
     step = int(step)
-    line = {"epoch": STATE["epoch"], "step": step, "ids": ids.numpy().tolist()}
+    line = {
+        "epoch": STATE["epoch"],
+        "step": step,
+        "ids": ids.numpy().tolist(),
+        "round": round_now(),
+    }
     IDS.write(json.dumps(line) + "\n")
     IDS.flush()
     if (
@@ -137,10 +147,27 @@ def record(step, ids):
         and STATE["resumed_from"] < step
     ):
         kill_self(f"inside training step {step}", ARGS.crash_how)
+    for i, fault in enumerate(ARGS.faults):
+        if fault["step"] == step and fault["rank"] == hvdkit.rank() and first_time(f"fault-{i}"):
+            kill_self(f"fault {i} inside training step {step}", fault["how"])
     if ARGS.hold == step and ATTEMPT == 0 and STATE["resumed_from"] < step:
         hold(step)
     if ARGS.step_sleep:
         time.sleep(ARGS.step_sleep)
+
+
+def round_now() -> int:
+    """The launcher's round this process trains in now (hvdkit.elastic changes it)."""
+    return int(os.environ.get("HVDKIT_RESTART_COUNT", 0))
+
+
+def first_time(name: str) -> bool:
+    """True for the one process (of the whole job, on this machine) that creates OUTDIR/name."""
+    try:
+        os.close(os.open(os.path.join(ARGS.outdir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def hold(step):
@@ -261,6 +288,7 @@ def train_elastic(state):
     if CALLS:  # an in-process recovery rolled the state back to its last save
         STATE["resumed_from"] = state.step
         line = {"recovered_from": state.step, "size": hvdkit.size(), "rank": hvdkit.rank()}
+        line["round"] = round_now()
         IDS.write(json.dumps(line) + "\n")
         IDS.flush()
     CALLS.append(state.step)
