@@ -9,8 +9,13 @@ Run in one process (a job of size 1; under a launcher rank 0 writes and
 For each model size (MB of float32 weights: one Dense layer of 1024 outputs;
 the optimizer is SGD with momentum, so a checkpoint holds about twice the
 model) it times :meth:`hvdkit.Checkpointer.save` (write, fsync, rename,
-checksum) and :meth:`~hvdkit.Checkpointer.restore` into a fresh model (read,
-verify, assign), keeping the median of ``--repeats``.
+checksum) synchronously (``background=False``), then the pause the same save
+costs with the default background write (the in-memory copy; training goes
+on while a thread writes; the second save of a Checkpointer, whose snapshot
+buffers exist; the first one's is reported too) and the time until that
+write is on disk, and
+:meth:`~hvdkit.Checkpointer.restore` into a fresh model (read, verify,
+assign), keeping the median of ``--repeats``.
 
 Throughput overhead at one checkpoint per minute is measured by interval
 extrapolation: a small model trains ``--steps`` steps with ``fit`` twice, once
@@ -57,13 +62,26 @@ def nbytes(variables) -> int:
 
 def time_save_restore(megabytes: float, root: Path, repeats: int) -> dict:
     model = make_model(megabytes)
-    writes, restores = [], []
+    writes, restores, pauses, durable, first_pauses = [], [], [], [], []
     for rep in range(repeats):
         folder = root / f"{megabytes}mb-{rep}"
-        ckpt = hvdkit.Checkpointer(folder, model=model, keep=1)
+        ckpt = hvdkit.Checkpointer(folder, model=model, keep=1, background=False)
         start = time.perf_counter()
         ckpt.save(1)
         writes.append(time.perf_counter() - start)
+        # The same save written in the background: the pause is what training waits.
+        # The first save also allocates the snapshot's buffers; later saves reuse them.
+        bg = hvdkit.Checkpointer(root / f"{megabytes}mb-bg-{rep}", model=model, keep=1)
+        start = time.perf_counter()
+        bg.save(1)
+        first_pauses.append(time.perf_counter() - start)
+        bg.wait()
+        start = time.perf_counter()
+        bg.save(2)
+        pauses.append(time.perf_counter() - start)
+        bg.wait()
+        durable.append(time.perf_counter() - start)
+        shutil.rmtree(bg.directory)
         fresh = make_model(megabytes, seed=rep + 1)
         start = time.perf_counter()
         assert hvdkit.Checkpointer(folder, model=fresh, keep=1).restore() == 1
@@ -79,6 +97,10 @@ def time_save_restore(megabytes: float, root: Path, repeats: int) -> dict:
         "model_mb": round(nbytes(model.variables) / 1e6, 2),
         "checkpoint_mb": round(ckpt_bytes / 1e6, 2),
         "write_s": write,
+        "background_pause_s": statistics.median(pauses),
+        "background_pause_ratio": statistics.median(pauses) / write,
+        "background_first_pause_s": statistics.median(first_pauses),
+        "background_durable_s": statistics.median(durable),
         "restore_s": statistics.median(restores),
         "write_mb_per_s": ckpt_bytes / 1e6 / write,
         "overhead_per_minute_pct": 100 * write / 60,
@@ -103,6 +125,7 @@ def training_overhead(root: Path, megabytes: float, steps: int, every: int) -> d
         plain_runs.append(run([]))
         ckpt = hvdkit.Checkpointer(root / f"train-{rep}", model=model, every_steps=every, keep=2)
         ckpt_runs.append(run([ckpt.callback()]))
+        ckpt.wait()  # the last background write (after training: not counted)
         shutil.rmtree(root / f"train-{rep}")
     plain, with_ckpt = min(plain_runs), min(ckpt_runs)
     saves = steps // every
@@ -121,7 +144,7 @@ def training_overhead(root: Path, megabytes: float, steps: int, every: int) -> d
 def svg_plot(rows: list[dict], path: Path) -> None:
     width, height, left, right, top, bottom = 560, 320, 60, 20, 30, 50
     xs = [np.log10(r["model_mb"]) for r in rows]
-    ymax = max(max(r["write_s"], r["restore_s"]) for r in rows) * 1.15
+    ymax = max(max(r["write_s"], r["restore_s"], r["background_durable_s"]) for r in rows) * 1.15
     x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
 
     def px(x):
@@ -135,7 +158,7 @@ def svg_plot(rows: list[dict], path: Path) -> None:
         'font-family="sans-serif" font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{width / 2}" y="18" text-anchor="middle">hvdkit.Checkpointer: '
-        "seconds to write / restore (1 process)</text>",
+        "seconds per save and restore (1 process)</text>",
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
         f'y2="{height - bottom}" stroke="black"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="black"/>',
@@ -154,12 +177,17 @@ def svg_plot(rows: list[dict], path: Path) -> None:
             f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">'
             f"{r['model_mb']:g}</text>"
         )
-    for key, color, label in (("write_s", "#c0392b", "save"), ("restore_s", "#2471a3", "restore")):
+    lines = (
+        ("write_s", "#c0392b", "save (synchronous)"),
+        ("restore_s", "#2471a3", "restore"),
+        ("background_pause_s", "#1e8449", "training pause per save (background write)"),
+    )
+    for n, (key, color, label) in enumerate(lines):
         pts = " ".join(f"{px(x):.1f},{py(r[key]):.1f}" for r, x in zip(rows, xs, strict=True))
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
         for r, x in zip(rows, xs, strict=True):
             parts.append(f'<circle cx="{px(x):.1f}" cy="{py(r[key]):.1f}" r="3" fill="{color}"/>')
-        y_label = top + 14 + (0 if key == "write_s" else 16)
+        y_label = top + 14 + 16 * n
         parts.append(f'<text x="{left + 10}" y="{y_label}" fill="{color}">{label}</text>')
     parts.append("</svg>")
     path.write_text("\n".join(parts) + "\n")
@@ -185,12 +213,16 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
 
     print(
-        f"{'model MB':>9} {'ckpt MB':>8} {'save s':>8} {'restore s':>10} {'MB/s':>7} "
-        f"{'overhead @1/min':>16}"
+        f"{'model MB':>9} {'ckpt MB':>8} {'save s':>8} {'bg pause s':>11} {'pause/save':>11} "
+        f"{'1st pause s':>12} "
+        f"{'bg on disk s':>13} {'restore s':>10} {'MB/s':>7} {'overhead @1/min':>16}"
     )
     for r in rows:
         print(
             f"{r['model_mb']:9.1f} {r['checkpoint_mb']:8.1f} {r['write_s']:8.3f} "
+            f"{r['background_pause_s']:11.3f} {100 * r['background_pause_ratio']:10.1f}% "
+            f"{r['background_first_pause_s']:12.3f} "
+            f"{r['background_durable_s']:13.3f} "
             f"{r['restore_s']:10.3f} {r['write_mb_per_s']:7.0f} "
             f"{r['overhead_per_minute_pct']:15.2f}%"
         )

@@ -137,7 +137,7 @@ def write(
         hook: Test hook, called as ``hook("arrays", step)`` once the first
             array is written (the tests kill the process there).
     """
-    final = directory / f"ckpt-{step:010d}"
+    final = final_folder(directory, step)
     tmp = directory / f"{_TMP_PREFIX}{step:010d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -184,6 +184,11 @@ def write(
         os.rename(tmp, final)
     _fsync_dir(directory)
     return final
+
+
+def final_folder(directory: Path, step: int) -> Path:
+    """Where :func:`write` puts checkpoint ``step`` once it is complete."""
+    return directory / f"ckpt-{step:010d}"
 
 
 def is_temporary(path: Path) -> bool:

@@ -301,3 +301,50 @@ def keras_global_seed_state(create: bool = False):
     if generator is None and create:
         generator = seed_generator.global_seed_generator()
     return None if generator is None else generator.state
+
+
+class _DLPackCapsule:
+    """Hands numpy a capsule from ``tf.experimental.dlpack.to_dlpack``.
+
+    numpy >= 2 takes only objects with ``__dlpack__``; TensorFlow's exporter
+    returns a bare capsule.
+    """
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU: the only device numpy reads
+
+
+def copy_variable(variable, out=None):
+    """A copy of ``variable``'s value as numpy, written into ``out`` when it fits.
+
+    ``variable.numpy()`` allocates a new array on every call, and on this
+    kind of machine the first touch of hundreds of MB of fresh memory costs
+    more than the copy itself (about 0.4 s per 200 MB measured, against
+    0.01 s into memory already touched). A CPU tensor read through DLPack is
+    a view of TensorFlow's buffer, so it can be copied into a reused ``out``
+    (the Checkpointer keeps one per variable). Other devices and dtypes
+    DLPack cannot carry take ``variable.numpy()``.
+
+    Returns:
+        ``out`` (filled) if its shape and dtype fit, else a new array.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        tensor = tf.convert_to_tensor(variable)
+        if "CPU" not in tensor.device.upper():
+            raise ValueError("not on the CPU")
+        view = np.from_dlpack(_DLPackCapsule(tf.experimental.dlpack.to_dlpack(tensor)))
+    except Exception:  # any failure of the fast path takes the plain one
+        return np.array(variable.numpy(), copy=True)
+    if out is None or out.shape != view.shape or out.dtype != view.dtype:
+        out = np.empty(view.shape, view.dtype)
+    np.copyto(out, view)
+    return out

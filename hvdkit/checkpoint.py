@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -113,6 +114,14 @@ class Checkpointer:
             status 75). ``False`` leaves ``SIGTERM`` alone. In an elastic job
             (:mod:`hvdkit.elastic`) the same per-second exchange also admits
             a joining worker at a step every rank agrees on.
+        background: ``True`` (default): :meth:`save` copies the state in
+            memory and returns; one thread on rank 0 writes, fsyncs and
+            renames it. The next save, :meth:`restore`, :meth:`wait`, a
+            preemption stop and the process's end wait for an unfinished
+            write; a failed write is raised at the next of these. ``False``:
+            :meth:`save` returns once the checkpoint is on disk. The
+            snapshot needs as much memory again as the checkpoint, on rank 0,
+            kept for the next save.
 
     Attributes:
         step: Training steps done (restored by :meth:`restore`, counted by
@@ -121,8 +130,10 @@ class Checkpointer:
             sampler's epoch when there is a sampler; a restored epoch whose
             data is used up becomes the next one).
         extra: The user extras.
-        last_path: Folder of the last checkpoint saved or restored (rank 0).
         restored: Whether :meth:`restore` ran.
+        last_path: Folder of the last checkpoint saved or restored (rank 0;
+            with ``background=True`` its write may still be running:
+            :meth:`wait`).
 
     Example:
         >>> sampler = hvdkit.data.ShardSampler(len(x), shuffle=True, seed=1)
@@ -148,6 +159,7 @@ class Checkpointer:
         keep: int = 3,
         extra: dict | None = None,
         preemption: bool = True,
+        background: bool = True,
     ):
         if not isinstance(directory, (str, os.PathLike)):
             raise ConfigurationError(
@@ -205,6 +217,15 @@ class Checkpointer:
         self._preemption = None  # a preemption.Watch, installed by restore()
         self._commit: dict | None = None  # the last save, in memory (hvdkit.elastic)
         self.restored = False  # restore() ran (hvdkit.elastic.run restores only if not)
+        if not isinstance(background, bool):
+            raise ConfigurationError(
+                f"Checkpointer: background={background!r} must be True (write in a thread) "
+                "or False (save() returns once the checkpoint is on disk)."
+            )
+        self.background = background
+        self._writer: threading.Thread | None = None  # rank 0's write in progress
+        self._write_error: tuple[Path, BaseException] | None = None
+        self._buffers: list = []  # rank 0: the background snapshot's arrays, reused
 
     def __repr__(self) -> str:
         return (
@@ -357,10 +378,17 @@ class Checkpointer:
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars
         root, multi = runtime.rank() == 0, runtime.size() > 1
-        self._watch_steps()
-        header: dict = {"ok": True, "state": None}
         failure = None
         if root:
+            try:
+                self.wait()
+            except Exception as e:  # every rank must learn of it, or the others wait
+                failure = e
+        self._watch_steps()
+        header: dict = {"ok": True, "state": None}
+        if failure is not None:
+            header = {"ok": False, "type": "HvdkitError", "message": f"on rank 0: {failure}"}
+        elif root:
             try:
                 found = self._find_on_root(variables)
                 if found is not None:
@@ -524,6 +552,7 @@ class Checkpointer:
         if runtime.rank() != 0:
             return None
         self._check_extra(self.extra)
+        self.wait()  # one write at a time; a failed one is raised here
         self._check_directory()
         found, torn = files.scan(self.directory)
         newer = [p.name for s, p in found if s > step]
@@ -542,20 +571,74 @@ class Checkpointer:
             "epoch": self.epoch,
             "sampler": None if self.sampler is None else self.sampler.state_dict(),
             "rng": _rng_state(),
-            "extra": self.extra,
+            "extra": json.loads(json.dumps(self.extra)),
             "world_size": runtime.size(),
             "saved_at": time.time(),
         }
-        arrays = (
-            ({"group": group, "name": getattr(v, "path", v.name), "dtype": _dtype_name(v)}, v.numpy)
-            for group, v in named
-        )
-        folder = files.write(self.directory, step, arrays, state, _write_hook)
+
+        def entry(group, v):
+            return {"group": group, "name": getattr(v, "path", v.name), "dtype": _dtype_name(v)}
+
+        folder = files.final_folder(self.directory, step)
         self.last_path = folder
+        if not self.background:
+            arrays = ((entry(group, v), v.numpy) for group, v in named)
+            self._write(step, arrays, state)
+            return folder
+        # The snapshot: training changes the variables as soon as we return. It goes
+        # into buffers kept from the last save (the previous write is finished).
+        buffers = self._buffers + [None] * (len(named) - len(self._buffers))
+        self._buffers = [
+            _compat.copy_variable(v, out) for (_, v), out in zip(named, buffers, strict=False)
+        ]
+        arrays = (
+            (entry(group, v), (lambda a=a: a))
+            for (group, v), a in zip(named, self._buffers, strict=True)
+        )
+        self._writer = threading.Thread(
+            target=self._write_in_background,
+            args=(step, arrays, state),
+            name=f"hvdkit-checkpoint-{step}",
+            daemon=False,  # the interpreter waits for it at exit: the last save is kept
+        )
+        self._writer.start()
+        return folder
+
+    def _write(self, step: int, arrays, state: dict) -> None:
+        """Write, fsync and rename one checkpoint, then drop the oldest beyond ``keep``."""
+        files.write(self.directory, step, arrays, state, _write_hook)
         found, _ = files.scan(self.directory)
         for _, old in found[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
-        return folder
+
+    def _write_in_background(self, step: int, arrays, state: dict) -> None:
+        try:
+            self._write(step, arrays, state)
+        except BaseException as e:  # raised on the training thread at the next wait()
+            self._write_error = (files.final_folder(self.directory, step), e)
+
+    def wait(self) -> None:
+        """Block until rank 0's background write (if any) is on disk; a no-op elsewhere.
+
+        Raises:
+            HvdkitError: the write failed; names the checkpoint and the cause
+                (the previous checkpoints are intact).
+
+        Example:
+            >>> ckpt.save(step)
+            >>> ckpt.wait()          # e.g. before copying ckpt.last_path elsewhere
+        """
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        if self._write_error is not None:
+            folder, cause = self._write_error
+            self._write_error = None
+            raise HvdkitError(
+                f"writing checkpoint {folder.name} in the background failed: "
+                f"{type(cause).__name__}: {cause}. The earlier checkpoints are intact; check "
+                f"that {self.directory} is writable and has space."
+            ) from cause
 
     # ------------------------------------------------------------ schedule
     def due(self, step: int) -> bool:
@@ -612,6 +695,7 @@ class Checkpointer:
             try:
                 if not saved:
                     self.save(step)
+                self.wait()  # on disk before anyone leaves
             except Exception as e:  # every rank must learn of it, or the others wait
                 outcome = {"ok": False, "message": f"{type(e).__name__}: {e}"}
                 failure = e

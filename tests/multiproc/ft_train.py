@@ -303,6 +303,7 @@ class StopAt(keras.callbacks.Callback):
             return
         if ckpt.step % ARGS.every:
             ckpt.save(ckpt.step)
+        ckpt.wait()  # on disk before os._exit
         hvdkit.broadcast_object(None, 0)  # rank 0's write is done
         IDS.close()
         print(f"[rank {RANK}] ft_train: stopped after step {ckpt.step}", flush=True)

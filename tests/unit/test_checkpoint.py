@@ -7,7 +7,11 @@ of world size) is in tests/test_checkpoint_mp.py.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import threading
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -78,6 +82,7 @@ def test_save_restore_round_trip_of_the_whole_state(tmp_path):
     np.random.seed(8)
     extra["best"] = 0.25
     path = ckpt.save(3)
+    ckpt.wait()  # written in the background
     assert path == tmp_path / "ckpt-0000000003" and folders(tmp_path) == ["ckpt-0000000003"]
     want_w, want_o = weights(model), opt_weights(model)
     want_draws = (random.random(), np.random.rand())
@@ -108,12 +113,14 @@ def test_keep_retains_the_newest_and_refuses_to_save_behind_newer(tmp_path):
     ckpt = hvdkit.Checkpointer(tmp_path, model=model, keep=2)
     for step in (1, 2, 5, 9):
         ckpt.save(step)
+    ckpt.wait()
     assert folders(tmp_path) == ["ckpt-0000000005", "ckpt-0000000009"]
     fresh = hvdkit.Checkpointer(tmp_path, model=make_model(), keep=2)
     with pytest.raises(hvdkit.ConfigurationError, match=r"newer checkpoints \['ckpt-0000000009'\]"):
         fresh.save(7)
     assert fresh.restore() == 9
     fresh.save(9)  # saving the same step again replaces it
+    fresh.wait()
     assert folders(tmp_path) == ["ckpt-0000000005", "ckpt-0000000009"]
 
 
@@ -133,8 +140,13 @@ def test_write_killed_midway_leaves_only_a_torn_temp_folder_that_restore_skips(t
         raise Killed
 
     ckmod._write_hook = hook
-    with pytest.raises(Killed):
-        ckpt.save(8)
+    ckpt.save(8)  # the background write fails; wait() says so
+    with pytest.raises(
+        hvdkit.HvdkitError, match="ckpt-0000000008 in the background failed: Killed"
+    ) as e:
+        ckpt.wait()
+    assert isinstance(e.value.__cause__, Killed)
+    ckpt.wait()  # said once
     ckmod._write_hook = None
     names = folders(tmp_path)
     torn = names[0]  # "." sorts first
@@ -148,6 +160,7 @@ def test_write_killed_midway_leaves_only_a_torn_temp_folder_that_restore_skips(t
     for got, want in zip(weights(other), good, strict=True):
         np.testing.assert_array_equal(got, want)
     c2.save(6)  # the next save removes the torn folder
+    c2.wait()
     assert folders(tmp_path) == ["ckpt-0000000004", "ckpt-0000000006"]
 
 
@@ -158,6 +171,7 @@ def test_corrupt_payload_is_skipped_and_moved_aside(tmp_path):
     first = weights(model)
     model.layers[0].kernel.assign(np.ones((4, 8), "float32"))
     ckpt.save(2)
+    ckpt.wait()
     arrays = tmp_path / "ckpt-0000000002" / "arrays.bin"
     raw = bytearray(arrays.read_bytes())
     raw[5] ^= 0xFF
@@ -182,6 +196,7 @@ def test_corrupt_manifest_is_an_error_naming_the_file(tmp_path):
     model = make_model()
     ckpt = hvdkit.Checkpointer(tmp_path, model=model)
     ckpt.save(1)
+    ckpt.wait()
     manifest = tmp_path / "ckpt-0000000001" / "manifest.json"
     manifest.write_text(manifest.read_text()[:-20])
     with pytest.raises(hvdkit.DataFormatError, match=rf"{manifest}.*unreadable.*Move or delete"):
@@ -262,11 +277,13 @@ def test_callback_counts_steps_and_needs_the_sampler_to_advance(tmp_path):
     ckpt.restore()
     model.fit(sampler.dataset((DATA_X, DATA_Y)).batch(4), verbose=0, callbacks=[ckpt.callback(4)])
     assert ckpt.step == 10 and sampler.position == 40
+    ckpt.wait()
     assert folders(tmp_path / "b") == ["ckpt-0000000004", "ckpt-0000000008"]
     state = json.loads((tmp_path / "b" / "ckpt-0000000008" / "state.json").read_text())
     assert (state["sampler"]["position"], state["step"]) == (32, 8)
     # saved exactly at the end of the epoch: restore continues with the next epoch
     ckpt.save(10)
+    ckpt.wait()
     s2 = ShardSampler(40, 1, 0, shuffle=True, seed=3)
     c2 = hvdkit.Checkpointer(tmp_path / "b", model=make_model(), sampler=s2)
     assert c2.restore() == 10 and (s2.epoch, s2.position, c2.epoch) == (1, 0, 1)
@@ -378,3 +395,117 @@ def test_old_states_and_inconsistent_cursors():
         s.load_state_dict(v2)
     with pytest.raises(hvdkit.ShardingError, match=r"missing \['cursor', 'start'\]"):
         s.load_state_dict({**v1, "version": 2})
+
+
+# --------------------------------------------------------------------------- background writes
+def test_background_save_writes_the_state_as_it_was_when_save_returned(tmp_path):
+    model = make_model()
+    ckpt = hvdkit.Checkpointer(tmp_path, model=model)
+    assert ckpt.background is True
+    before = weights(model)
+    release, held = threading.Event(), threading.Event()
+
+    def hook(stage, step):  # the writer stops after its first array until we changed the model
+        held.set()
+        assert release.wait(timeout=600)
+
+    ckmod._write_hook = hook
+    try:
+        ckpt.save(1)
+        assert held.wait(timeout=600)
+        assert folders(tmp_path)[0].startswith(".tmp-ckpt-0000000001-")  # not complete yet
+        for v in model.variables:  # training goes on meanwhile
+            v.assign(np.full(v.shape, 7.0, v.dtype))
+        release.set()
+        ckpt.wait()
+    finally:
+        ckmod._write_hook = None
+    assert folders(tmp_path) == ["ckpt-0000000001"]
+    other = make_model(seed=5)
+    assert hvdkit.Checkpointer(tmp_path, model=other).restore() == 1
+    for got, want in zip(weights(other), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_next_save_waits_for_the_unfinished_write(tmp_path):
+    ckpt = hvdkit.Checkpointer(tmp_path, model=make_model())
+    release, order = threading.Event(), []
+
+    def hook(stage, step):
+        order.append(f"writing {step}")
+        if step == 1:
+            assert release.wait(timeout=600)
+
+    ckmod._write_hook = hook
+    try:
+        ckpt.save(1)
+        second = threading.Thread(target=lambda: (ckpt.save(2), order.append("save 2 returned")))
+        second.start()
+        second.join(timeout=0.5)
+        assert second.is_alive() and order == ["writing 1"]  # held behind the first write
+        release.set()
+        second.join(timeout=600)
+        ckpt.wait()
+    finally:
+        ckmod._write_hook = None
+    assert order[0] == "writing 1" and order.index("save 2 returned") > 0
+    assert folders(tmp_path) == ["ckpt-0000000001", "ckpt-0000000002"]
+
+
+def test_synchronous_save_and_bad_background_value(tmp_path):
+    ckpt = hvdkit.Checkpointer(tmp_path, model=make_model(), background=False)
+    ckpt.save(3)
+    assert folders(tmp_path) == ["ckpt-0000000003"]  # on disk when save returned
+    with pytest.raises(hvdkit.ConfigurationError, match=r"background='yes' must be True"):
+        hvdkit.Checkpointer(tmp_path, model=make_model(), background="yes")
+
+
+_WRITER = """
+import os, signal, sys
+import numpy as np
+import hvdkit
+from hvdkit import checkpoint as ckmod
+hvdkit.init(backend="local")
+import keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dropout(0.3), keras.layers.Dense(2)])  # as make_model
+model.compile(keras.optimizers.Adam(0.01),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.optimizer.build(model.trainable_variables)
+ckpt = hvdkit.Checkpointer(sys.argv[1], model=model)
+ckpt.save(4)
+ckpt.wait()
+np.save(os.path.join(sys.argv[1], "..", "at4.npy"), model.layers[0].kernel.numpy())
+model.layers[0].kernel.assign(np.zeros((4, 8), "float32"))
+if sys.argv[2] == "kill":  # SIGKILL from the writer thread, in the middle of the write
+    ckmod._write_hook = lambda stage, step: os.kill(os.getpid(), signal.SIGKILL)
+ckpt.save(8)
+# The script ends here: the interpreter waits for the write ("exit").
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_process_that_ends_keeps_its_last_write_and_a_killed_write_is_never_taken(tmp_path, how):
+    folder = tmp_path / "ckpt"
+    proc = subprocess.run(
+        [sys.executable, "-c", _WRITER, str(folder), how],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == (0 if how == "exit" else -9), proc.stderr[-2000:]
+    names = folders(folder)
+    other = make_model(seed=3)  # the script's model
+    c2 = hvdkit.Checkpointer(folder, model=other)
+    if how == "exit":
+        assert names == ["ckpt-0000000004", "ckpt-0000000008"]
+        assert c2.restore() == 8
+        np.testing.assert_array_equal(other.layers[0].kernel.numpy(), np.zeros((4, 8)))
+    else:
+        assert names[1:] == ["ckpt-0000000004"] and names[0].startswith(".tmp-ckpt-0000000008-")
+        with pytest.warns(ckmod.CheckpointWarning, match="torn checkpoint"):
+            assert c2.restore() == 4
+        want = np.load(tmp_path / "at4.npy")
+        np.testing.assert_array_equal(other.layers[0].kernel.numpy(), want)
