@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hvdkit.launch.transport import mpi_root_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,8 +27,7 @@ def job_env(*paths: Path, **extra: str) -> dict[str, str]:
     """
     pythonpath = os.pathsep.join(str(p) for p in (paths or (REPO,)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pythonpath, **extra)
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(mpi_root_env())
     return env
 
 

@@ -539,7 +539,6 @@ def run_job(lab: Lab, argv: list[str], out: Path, tmp: Path, port: int) -> dict:
     cluster = REPO / "examples" / "cluster"
     logs = [tmp / "sched.log", *(tmp / f"worker{i}.log" for i in range(len(lab.names)))]
     sched = lab.start(lab.names[0], [str(cluster / "run_scheduler.sh")], env, logs[0])
-    time.sleep(0.5)
     workers = [
         lab.start(ns, [str(cluster / "run_workers.sh"), "1", *argv], env, log)
         for ns, log in zip(lab.names, logs[1:], strict=True)

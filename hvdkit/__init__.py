@@ -155,6 +155,7 @@ def init(backend: str | None = None, **kwargs) -> None:
         pass
     else:
         callbacks.refuse_backup_and_restore()
+        optimizer.route_loss_scaling()  # the one patch of Keras (hvdkit._compat)
     from . import _progress
 
     if config.get(config.MONITOR_ADDR):

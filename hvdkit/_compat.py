@@ -1,7 +1,15 @@
 """Every TensorFlow / Keras / Horovod version quirk hvdkit works around.
 
 Each item says why it exists, so it can be deleted when the reason goes away.
-Nothing outside this module should test versions or poke at private APIs.
+Nothing outside this module should test versions or poke at private APIs,
+with these exceptions, each for a reason stated where it is:
+
+* ``hvdkit/sync_batch_norm.py`` overrides ``BatchNormalization._moments``
+  (a protected method subclasses are meant to override) to average the
+  batch statistics over the ranks;
+* ``hvdkit/optimizer.py`` calls ``LossScaleOptimizer``'s private members
+  from the function :func:`route_loss_scale_apply` installs (at
+  :func:`hvdkit.init`; the list of members is ``_LSO_PRIVATE`` here).
 TensorFlow and Keras are imported inside the functions that need them, so the
 launcher (which needs neither) can use the Horovod launch quirks cheaply.
 """
@@ -348,3 +356,49 @@ def copy_variable(variable, out=None):
         out = np.empty(view.shape, view.dtype)
     np.copyto(out, view)
     return out
+
+
+# Keras 3's LossScaleOptimizer decides from the gradients it is handed whether to
+# apply a step; around a DistributedOptimizer those are one rank's local gradients
+# (see hvdkit/optimizer.py, "loss scaling"). Keras has no hook between computing
+# and applying gradients, so its private _common_apply is routed through hvdkit,
+# which also calls the three other private members below. Checked against Keras
+# 3.10-3.15; remove when Keras offers such a hook.
+_LSO_PRIVATE = (
+    "_common_apply",
+    "_stateful_handle_finite_grads",
+    "_stateful_handle_non_finite_grads",
+    "check_finite",
+)
+_lso_keras_apply = None  # Keras's own _common_apply, once routed
+
+
+def route_loss_scale_apply(route) -> None:
+    """Make ``LossScaleOptimizer._common_apply`` call ``route(lso, keras_apply, grads, vars)``.
+
+    Installed once per process (later calls do nothing); ``keras_apply`` is
+    Keras's own method, for the optimizers ``route`` leaves alone.
+
+    Raises:
+        ConfigurationError: this Keras lacks a private member hvdkit needs.
+    """
+    global _lso_keras_apply
+    if _lso_keras_apply is not None:
+        return
+    import keras
+
+    lso = keras.optimizers.LossScaleOptimizer
+    missing = [name for name in _LSO_PRIVATE if not hasattr(lso, name)]
+    if missing:
+        raise ConfigurationError(
+            f"this Keras ({keras.__version__}) LossScaleOptimizer lacks {missing}, which "
+            "hvdkit needs to decide loss scaling from averaged gradients; use the Keras "
+            "version hvdkit pins (scripts/install.sh)."
+        )
+    keras_apply = lso._common_apply
+
+    def _common_apply(self, grads, trainable_variables=None):
+        return route(self, keras_apply, grads, trainable_variables)
+
+    lso._common_apply = _common_apply
+    _lso_keras_apply = keras_apply

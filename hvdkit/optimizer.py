@@ -247,19 +247,12 @@ def _refuse_extra_arguments(kwargs: dict) -> None:
 # only, through `_loss_scaled_apply`: reduce first, decide from the averaged
 # gradients (identical on every rank), then apply them without reducing again.
 _LSO = keras.optimizers.LossScaleOptimizer
-_LSO_PRIVATE = (
-    "_common_apply",
-    "_stateful_handle_finite_grads",
-    "_stateful_handle_non_finite_grads",
-    "check_finite",
-)
-_lso_original_apply = None
 
 
-def _loss_scaled_apply(lso, grads, trainable_variables=None):
+def _loss_scaled_apply(lso, keras_apply, grads, trainable_variables=None):
     dist = lso.inner_optimizer
     if not isinstance(dist, DistributedOptimizer):
-        return _lso_original_apply(lso, grads, trainable_variables)
+        return keras_apply(lso, grads, trainable_variables)
     grads = list(grads)
     if trainable_variables is None:
         trainable_variables = lso._trainable_variables
@@ -283,24 +276,14 @@ def _loss_scaled_apply(lso, grads, trainable_variables=None):
         )
 
 
-def _route_loss_scaling_through_hvdkit() -> None:
-    """Install `_loss_scaled_apply` on Keras's LossScaleOptimizer (once).
+def route_loss_scaling() -> None:
+    """Send Keras's LossScaleOptimizer around a DistributedOptimizer through hvdkit (once).
 
-    Only LossScaleOptimizers whose inner optimizer is a DistributedOptimizer
-    behave differently; every other one runs Keras's own code.
+    Called by :func:`hvdkit.init`; a DistributedOptimizer built without it
+    calls it too. The patch itself, on Keras's private API, is
+    :func:`hvdkit._compat.route_loss_scale_apply`.
     """
-    global _lso_original_apply
-    if _lso_original_apply is not None:
-        return
-    missing = [name for name in _LSO_PRIVATE if not hasattr(_LSO, name)]
-    if missing:
-        raise ConfigurationError(
-            f"this Keras ({keras.__version__}) LossScaleOptimizer lacks {missing}, which "
-            "hvdkit needs to decide loss scaling from averaged gradients; use the Keras "
-            "version hvdkit pins (see README)."
-        )
-    _lso_original_apply = _LSO._common_apply
-    _LSO._common_apply = _loss_scaled_apply
+    _compat.route_loss_scale_apply(_loss_scaled_apply)
 
 
 @keras.saving.register_keras_serializable(package="hvdkit", name="DistributedOptimizer")
@@ -428,7 +411,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._accumulators: list = []
         self._pass_counter = None
         self._skip_reduce = False
-        _route_loss_scaling_through_hvdkit()
+        route_loss_scaling()  # already done by hvdkit.init(); here if it was not called
 
     # ------------------------------------------------------------- state
     @_compat.no_automatic_dependency_tracking

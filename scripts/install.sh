@@ -14,7 +14,7 @@ VENV="$REPO/.venv"
 PY_BIN="${HVDKIT_PYTHON:-python3.11}"
 
 TF_VERSION="2.21.0"
-KERAS_VERSION="3.15.1"
+KERAS_VERSION="3.15.1"  # the tested one; inside setup.py's range (tests/unit/test_pins.py)
 HOROVOD_VERSION="0.28.1"
 # MPI and the headers TF's XLA headers include; a C++ toolchain and cmake for
 # the Horovod build; Python 3.11 with venv; iproute2 for the namespace tests;

@@ -2,6 +2,8 @@
 # The test suite: set up whatever is missing, lint, then run every test.
 #   scripts/test.sh                 # everything
 #   scripts/test.sh tests/unit -x   # extra arguments go to pytest
+#   scripts/test.sh --quick         # inner loop: the one-process tests and one
+#                                   # 2-rank hvdkitrun smoke (the full run is the CI gate)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HVDKIT_SKIP_SMOKE="${HVDKIT_SKIP_SMOKE:-auto}" "$REPO/scripts/install.sh"
@@ -11,6 +13,11 @@ echo "[test] ruff check + format --check"
 ruff check .
 ruff format --check .
 echo "[test] pytest"
+if [[ "${1:-}" == "--quick" ]]; then
+    shift
+    exec python -m pytest tests/unit tests/test_launch_mp.py::test_hvdkitrun_prefixes_lines \
+        -p no:cacheprovider -n 2 --dist loadfile "$@"
+fi
 if (($#)); then
     exec python -m pytest "$@"
 fi

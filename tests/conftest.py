@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.launch.transport import MPI_ENV
+from hvdkit.launch.transport import MPI_ENV, mpi_root_env
 
 REPO = Path(__file__).resolve().parents[1]
 MULTIPROC = Path(__file__).resolve().parent / "multiproc"
@@ -30,9 +31,7 @@ def launcher_env() -> dict:
     # (hvdkitrun sets it too; plain mpirun/horovodrun jobs of the tests need it).
     for key, value in MPI_ENV.items():
         env.setdefault(key, value)
-    if os.geteuid() == 0:  # Open MPI refuses root without these
-        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env.update(mpi_root_env())
     return env
 
 
@@ -220,3 +219,24 @@ def local_runtime(monkeypatch):
     hvdkit.init()
     yield
     hvdkit.shutdown()
+
+
+def _netns_missing() -> str | None:
+    """Why this machine cannot run the network-namespace tests, or None."""
+    if os.geteuid() != 0:
+        return "they need root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "they need the 'ip' command (Debian package iproute2)"
+    return None
+
+
+NETNS_MISSING = _netns_missing()
+
+
+def needs_netns(what: str):
+    """Skip ``what`` (a multi-host test on namespaces) here, saying what was not tested and how."""
+    return pytest.mark.skipif(
+        NETNS_MISSING is not None,
+        reason=f"NOT TESTED: {what}: {NETNS_MISSING}; run scripts/test.sh as root "
+        "(it installs iproute2) to test it",
+    )

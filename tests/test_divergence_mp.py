@@ -1,10 +1,10 @@
 """Ranks alive but in different collectives end with an error naming what each waits in.
 
 Each case runs tests/multiproc/divergence_prog.py under hvdkitrun with a
-12 s stall timeout. Time is checked by ordering, not by the test's clock:
-at the divergence every rank starts a watch that prints ``WATCH EXPIRED``
-after stall timeout + 30 s, so a job that ended without that line ended
-within that bound.
+12 s stall timeout. No speed is asserted: the stuck report and exit status
+124 say that hvdkitrun ended the job; each rank's watch, started at the
+divergence, prints ``WATCH EXPIRED`` only after ten stall timeouts, so that
+a job hvdkitrun failed to end is a failure here rather than a hang.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from conftest import (
 
 PROG = str(MULTIPROC / "divergence_prog.py")
 STALL_S = 12
-WATCH_S = STALL_S + 30
+WATCH_S = 10 * STALL_S  # a hang guard, far beyond any load
 EXIT_STALLED = 124  # hvdkitrun's status for a stalled or stuck job
 
 
@@ -44,7 +44,7 @@ def assert_stuck(code, out, *fragments):
     for fragment in fragments:
         assert fragment in out, (fragment, out[-3000:])
     assert "diverging at step 3" in out  # the watch was started
-    assert "WATCH EXPIRED" not in out, out[-3000:]  # ended within stall timeout + 30 s
+    assert "WATCH EXPIRED" not in out, out[-3000:]  # hvdkitrun ended it, not the watch
     assert re.search(r"finished \d+ steps", out) is None  # no rank got to the end
 
 

@@ -24,7 +24,15 @@ import pytest
 
 from hvdkit.launch.transport import choose_transport, ranks_yield
 
-from conftest import MULTIPROC, REPO, VENV_BIN, launcher_env, run_bounded
+from conftest import (
+    MULTIPROC,
+    NETNS_MISSING,
+    REPO,
+    VENV_BIN,
+    launcher_env,
+    needs_netns,
+    run_bounded,
+)
 
 TRAIN = str(MULTIPROC / "launch_train.py")
 SCHEDULER_SH = str(REPO / "examples" / "cluster" / "run_scheduler.sh")
@@ -112,7 +120,6 @@ def scheduler_job(
     """run_scheduler.sh + one run_workers.sh per worker; returns (codes, outputs)."""
     env = sched_env(port, token, HVDKIT_SCHED_HOST=sched_host)
     sched = start([SCHEDULER_SH], env, tmp_path, netns[0])
-    time.sleep(0.5)
     workers = [
         start(
             [WORKERS_SH, "1", PY, TRAIN, str(outdir), *train_args],
@@ -344,7 +351,6 @@ def test_scheduler_names_a_worker_that_was_killed(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1")
     sched = start([SCHEDULER_SH], env, tmp_path)
-    time.sleep(0.5)
     train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
     workers = [start([WORKERS_SH, "1", *train], env, tmp_path) for _ in range(2)]
     deadline = time.monotonic() + HANG_S
@@ -364,7 +370,6 @@ def test_scheduler_stops_a_job_with_a_frozen_worker(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_HOST="127.0.0.1", HVDKIT_STALL_TIMEOUT=15)
     sched = start([SCHEDULER_SH], env, tmp_path)
-    time.sleep(0.5)
     workers = [
         start(
             [
@@ -393,7 +398,6 @@ def test_scheduler_times_out_when_a_worker_never_arrives(tmp_path):
     port = free_port()
     env = sched_env(port, HVDKIT_SCHED_TIMEOUT=5)
     sched = start([SCHEDULER_SH], env, tmp_path)
-    time.sleep(0.5)
     worker = start([WORKERS_SH, "1", PY, "-c", "pass"], env, tmp_path)
     (sc, sout), (wc, wout) = finish(sched), finish(worker)
     assert sc == 2 and wc != 0
@@ -412,7 +416,6 @@ def test_scheduler_refuses_a_wrong_token_and_jobs_do_not_mix(tmp_path):
     ]
     sched_a = start([SCHEDULER_SH], env_a, tmp_path)
     sched_b = start([SCHEDULER_SH], env_b, tmp_path)
-    time.sleep(0.5)
     intruder = start(
         [WORKERS_SH, "1", *show],
         {**env_b, "HVDKIT_SCHED_PORT": str(port_a)},
@@ -444,11 +447,6 @@ def test_scheduler_port_in_use_is_a_clear_error(tmp_path):
 
 
 # ------------------------------------------------------------------ two hosts on one machine
-NETNS_REASON = None
-if os.geteuid() != 0:
-    NETNS_REASON = "needs root to create network namespaces"
-elif shutil.which("ip") is None:
-    NETNS_REASON = "needs the 'ip' command (Debian package iproute2)"
 
 
 @contextlib.contextmanager
@@ -501,7 +499,7 @@ def two_hosts():
         yield hosts
 
 
-@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+@needs_netns("scheduler and workers on two hosts (namespaces)")
 def test_scheduler_and_workers_across_two_network_namespaces(tmp_path, two_hosts):
     a, b = two_hosts
     codes, outs = scheduler_job(tmp_path, tmp_path, 29713, netns=(a, a, b), sched_host="10.213.7.1")
@@ -514,7 +512,7 @@ def test_scheduler_and_workers_across_two_network_namespaces(tmp_path, two_hosts
     assert "on va" in outs[1] and "on vb" in outs[2]
 
 
-@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+@needs_netns("a worker refusing a host name that resolves to loopback")
 def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_hosts):
     """Horovod 0.28.1 would abort such a cross-host job deep in Gloo; we say why first."""
     a, _ = two_hosts
@@ -528,10 +526,10 @@ def test_worker_refuses_a_host_name_that_resolves_to_loopback(tmp_path, two_host
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_TOOLS = ("ssh", "ssh-keygen", "mpirun")
-SSH_REASON = NETNS_REASON or (
+SSH_MISSING = NETNS_MISSING or (
     None
     if SSHD.exists() and all(shutil.which(t) for t in SSH_TOOLS)
-    else f"needs OpenSSH's sshd, and {', '.join(SSH_TOOLS)} on PATH"
+    else f"it needs OpenSSH's sshd, and {', '.join(SSH_TOOLS)} on PATH"
 )
 
 
@@ -615,7 +613,11 @@ def _stop_daemons(daemons: list[subprocess.Popen], logs: list) -> None:
             log.close()
 
 
-@pytest.mark.skipif(SSH_REASON is not None, reason=SSH_REASON or "")
+@pytest.mark.skipif(
+    SSH_MISSING is not None,
+    reason=f"NOT TESTED: hvdkitrun -H across two hosts over SSH: {SSH_MISSING}; run "
+    "scripts/test.sh as root (scripts/install.sh installs openssh-server and iproute2)",
+)
 def test_hvdkitrun_across_two_hosts_over_ssh_default_and_gloo(tmp_path, ssh_hosts):
     """hvdkitrun -H over SSH, as on two machines: the default (MPI across hosts) and --gloo.
 

@@ -99,14 +99,18 @@ def search_as_nobody(token: str, marker: str) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the search as user nobody")
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="NOT TESTED: the token search as another local user (needs root to run it as "
+    "user nobody); run scripts/test.sh as root to test it",
+)
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_another_user_finds_no_token_in_proc(tmp_path, transport):
     if (
         transport == "mpi"
         and shutil.which("mpirun", path=str(VENV_BIN) + ":" + os.environ["PATH"]) is None
     ):
-        pytest.skip("no mpirun: the MPI case was not tested")
+        pytest.skip("NOT TESTED: the MPI case (no mpirun; scripts/install.sh installs Open MPI)")
     token = "proc-search-" + secrets.token_hex(12)
     probe = tmp_path / "probe_proc_search.py"
     probe.write_text(PROBE)

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 from test_launch_mp import PY, SCHEDULER_SH, TRAIN, WORKERS_SH, sched_env, weights
 
-from conftest import MULTIPROC, VENV_BIN, launcher_env
+from conftest import MULTIPROC, VENV_BIN, launcher_env, needs_netns
 
 OUTSIDER = str(MULTIPROC / "outsider.py")
 CAPTURE = str(MULTIPROC / "capture.py")
@@ -42,12 +42,7 @@ TOKEN = "sec-test-token-5f2b9c7e1d3a4b6c"
 A_IP, B_IP, C_IP = "10.213.9.1", "10.213.9.2", "10.213.9.3"
 TRAIN_ARGS = ["--steps", "200", "--step-sleep", "0.1"]
 
-NETNS_REASON = None
-if os.geteuid() != 0:
-    NETNS_REASON = "needs root to create network namespaces"
-elif shutil.which("ip") is None:
-    NETNS_REASON = "needs the 'ip' command (Debian package iproute2)"
-pytestmark = pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+pytestmark = needs_netns("the outsider's attacks from another host (namespaces)")
 
 
 @pytest.fixture

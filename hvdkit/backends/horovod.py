@@ -1,4 +1,10 @@
-"""Horovod backend: the only module in hvdkit that imports Horovod.
+"""Horovod backend: the only module in hvdkit that uses Horovod's collectives.
+
+Three other modules import Horovod's launcher side, never its collectives:
+``_compat`` (the Gloo rendezvous server classes and the ``gloo_run`` hook),
+``launch/guarded_horovodrun.py`` (horovodrun's command line, with the
+guarded rendezvous) and ``launch/scheduler.py`` (the rank layout record
+Horovod's rendezvous serves). ``tests/unit/test_layering.py`` keeps this list.
 
 Uses ``horovod.tensorflow`` (the TF collectives) and never
 ``horovod.tensorflow.keras``, whose optimizer wrapper does not work with

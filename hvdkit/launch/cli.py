@@ -35,7 +35,15 @@ from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
 from .restart import RestartBudget, resume_step
-from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, ranks_yield
+from .transport import (
+    GLOO,
+    MPI,
+    MPI_ENV,
+    busy_cores,
+    choose_transport,
+    mpi_root_env,
+    ranks_yield,
+)
 
 EXIT_STALLED = 124  # as timeout(1)
 EXIT_PREEMPTED = config.EXIT_PREEMPTED  # stopped for SIGTERM at a checkpoint: run again
@@ -305,8 +313,7 @@ def _ranks_env(transport: str, token: str, checkpoint_dir: str | None, stall: fl
     if transport == MPI:
         for key, value in MPI_ENV.items():
             env.setdefault(key, value)
-        if os.geteuid() == 0:
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env.update(mpi_root_env())
     return env
 
 

@@ -26,6 +26,7 @@ Pure logic (no processes, no TensorFlow), so tests/unit checks it directly.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -39,6 +40,15 @@ GLOO, MPI = "gloo", "mpi"
 # ~1.4x faster (docs/performance.md, "Open MPI's waiting ranks").
 YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
 MPI_ENV = {YIELD_VAR: "1"}
+# Open MPI refuses to start as root without both (containers, CI runners).
+MPI_AS_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpi_root_env() -> dict[str, str]:
+    """:data:`MPI_AS_ROOT_ENV` when this process runs as root, else nothing."""
+    return dict(MPI_AS_ROOT_ENV) if os.geteuid() == 0 else {}
+
+
 # Cores' worth of other load tolerated before MPI's busy-polling is avoided: an
 # idle desktop or a CI runner shows a load of 0.1-1 without being busy.
 BUSY_SLACK = 1.0

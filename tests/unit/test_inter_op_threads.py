@@ -37,7 +37,9 @@ def inter_op_after(cores: str, user_setting: int) -> int:
     return int(out.split("inter_op")[-1])
 
 
-@pytest.mark.skipif(os.cpu_count() < 2, reason="needs 2 cores to compare 1 and 2 (not tested)")
+@pytest.mark.skipif(
+    os.cpu_count() < 2, reason="NOT TESTED: 1 against 2 inter-op threads (needs 2 cores)"
+)
 def test_one_core_gets_two_inter_op_threads_unless_the_user_chose():
     assert inter_op_after("0", 0) == 2
     assert inter_op_after("0", 3) == 3  # the user's setting wins

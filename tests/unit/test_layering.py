@@ -1,4 +1,5 @@
-"""hvdkit's dependencies point one way (STYLE.md): a walk over every import statement.
+"""hvdkit's dependencies point one way (each layer imports only lower ones): a walk over
+every import statement.
 
 Layers, lowest first: ``errors``/``config``/``_progress``/``horovod_only`` (Horovod names
 refused on use) < ``_compat``/``_validate`` (the
@@ -109,6 +110,21 @@ def test_only_the_horovod_backend_uses_horovods_collectives():
         if any(n.startswith(("horovod.tensorflow", "horovod.keras")) for _, n in imports(p))
     )
     assert users == ["backends/horovod.py"], users
+
+
+def test_exactly_these_modules_import_horovod():
+    # backends/horovod.py's docstring and docs/porting-horovod.md name them and say why
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in modules()
+        if any(n == "horovod" or n.startswith("horovod.") for _, n in imports(p))
+    )
+    assert users == [
+        "_compat.py",
+        "backends/horovod.py",
+        "launch/guarded_horovodrun.py",
+        "launch/scheduler.py",
+    ], users
 
 
 def test_the_walk_sees_relative_and_nested_imports():
