@@ -82,6 +82,10 @@ def _set_rng_state(state: dict) -> None:
         var.assign(np.asarray(state["keras_global_seed"], dtype=var.dtype))
 
 
+# The background write in progress per checkpoint directory (rank 0, this process).
+_writing: dict[Path, threading.Thread] = {}
+
+
 class Checkpointer:
     """Saves and restores the whole training state, so a restarted job continues exactly.
 
@@ -119,7 +123,9 @@ class Checkpointer:
             renames it. The next save, :meth:`restore`, :meth:`wait`, a
             preemption stop and the process's end wait for an unfinished
             write; a failed write is raised at the next of these. ``False``:
-            :meth:`save` returns once the checkpoint is on disk. The
+            :meth:`save` returns once the checkpoint is on disk.
+            :meth:`restore` also waits for another Checkpointer of this
+            process writing into the same directory. The
             snapshot needs as much memory again as the checkpoint, on rank 0,
             kept for the next save.
 
@@ -382,6 +388,10 @@ class Checkpointer:
         if root:
             try:
                 self.wait()
+                # another Checkpointer of this process may still write here
+                other = _writing.get(self.directory.resolve())
+                if other is not None:
+                    other.join()
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = e
         self._watch_steps()
@@ -602,6 +612,7 @@ class Checkpointer:
             daemon=False,  # the interpreter waits for it at exit: the last save is kept
         )
         self._writer.start()
+        _writing[self.directory.resolve()] = self._writer
         return folder
 
     def _write(self, step: int, arrays, state: dict) -> None:

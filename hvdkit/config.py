@@ -7,9 +7,10 @@ environment variables.
 
 from __future__ import annotations
 
+import math
 import os
 
-from .errors import LaunchError
+from .errors import ConfigurationError, LaunchError
 
 # --- set by launchers; read to tell whether this process is part of a job ---
 HOROVOD_SIZE = "HOROVOD_SIZE"  # horovodrun --gloo, hvdkitrun, scheduler/worker
@@ -31,6 +32,7 @@ RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first at
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
+DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
 ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment
 GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # Horovod's: how long a Gloo peer may be silent
@@ -115,6 +117,73 @@ def job_vars_set() -> list[str]:
     return [_set_name(n) for n in JOB_VARS if get(n) is not None]
 
 
+def get_int(
+    name: str,
+    default: int | None,
+    *,
+    minimum: int | None = None,
+    what: str = "a whole number",
+    fix: str = "",
+    error: type[Exception] | None = None,
+) -> int:
+    """The environment variable ``name`` as an int (``default`` when unset).
+
+    The one reader of integer settings. ``"2.5"``, ``"two"`` and values below
+    ``minimum`` are refused with ``error`` (default
+    :class:`~hvdkit.errors.ConfigurationError`) naming the variable, the
+    value and ``fix``; an unset variable with ``default=None`` asks for it.
+
+    Example:
+        >>> get_int(WORKER_NUM, None, minimum=1, fix="e.g. HVDKIT_WORKER_NUM=2")  # set to 2
+        2
+    """
+    return _read(name, default, int, lambda v: minimum is None or v >= minimum, what, fix, error)
+
+
+def get_float(
+    name: str,
+    default: float | None,
+    *,
+    positive: bool = False,
+    what: str = "a number",
+    fix: str = "",
+    error: type[Exception] | None = None,
+) -> float:
+    """The environment variable ``name`` as a finite float; ``positive``: also > 0.
+
+    Refusals as :func:`get_int` (``nan`` and ``inf`` are refused too).
+    """
+
+    def fits(v: float) -> bool:
+        return math.isfinite(v) and (not positive or v > 0)
+
+    return _read(name, default, float, fits, what, fix, error)
+
+
+def get_bool(
+    name: str, default: bool, *, fix: str = "", error: type[Exception] | None = None
+) -> bool:
+    """The environment variable ``name`` as ``0`` or ``1`` (nothing else is accepted)."""
+    flags = {"0": False, "1": True}
+    return _read(name, default, flags.__getitem__, lambda v: True, "0 or 1", fix, error)
+
+
+def _read(name, default, parse, fits, what, fix, error):
+    error = error or ConfigurationError
+    raw = get(name)
+    if raw is None:
+        if default is None:
+            raise error(f"set {name}" + (f" ({fix})." if fix else "."))
+        return default
+    try:
+        value = parse(raw.strip())
+    except (KeyError, ValueError):
+        value = None
+    if value is None or not fits(value):
+        raise error(f"{name}={raw!r} is not {what}" + (f"; {fix}" if fix else "."))
+    return value
+
+
 def launched_size() -> int | None:
     """World size announced by a launcher in the environment, or ``None``.
 
@@ -142,24 +211,28 @@ def launched_size() -> int | None:
     return None
 
 
+def sched_timeout(error: type[Exception] = LaunchError) -> float:
+    """Seconds a scheduler/worker job waits for the others: ``HVDKIT_SCHED_TIMEOUT``, else 300."""
+    return get_float(
+        SCHED_TIMEOUT,
+        DEFAULT_SCHED_TIMEOUT_S,
+        positive=True,
+        what="a number of seconds",
+        error=error,
+    )
+
+
 def preempt_grace() -> float:
     """Seconds from ``SIGTERM`` to the end of the job: ``HVDKIT_PREEMPT_GRACE``, else 25.
 
     Raises:
         ConfigurationError: the value is not a number > 0.
     """
-    from .errors import ConfigurationError
-
-    raw = get(PREEMPT_GRACE)
-    if raw is None:
-        return DEFAULT_PREEMPT_GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ConfigurationError(
-            f"{PREEMPT_GRACE}={raw!r} is not a grace period; give the seconds a job has "
-            f"between SIGTERM and being killed (> 0, default {DEFAULT_PREEMPT_GRACE_S:g})."
-        )
-    return value
+    return get_float(
+        PREEMPT_GRACE,
+        DEFAULT_PREEMPT_GRACE_S,
+        positive=True,
+        what="a grace period",
+        fix="give the seconds a job has between SIGTERM and being killed "
+        f"(> 0, default {DEFAULT_PREEMPT_GRACE_S:g}).",
+    )

@@ -192,7 +192,7 @@ def _join_next_world() -> int:
     folder = config.get(config.ELASTIC_DIR)
     path = os.path.join(folder, "assign.json")
     seen = int(os.environ.get(config.RESTART_COUNT, "0"))
-    timeout = float(config.get(config.SCHED_TIMEOUT, "300"))
+    timeout = config.sched_timeout()
     deadline = time.monotonic() + timeout
     while True:
         body = _read_assignment(path)

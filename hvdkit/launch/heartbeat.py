@@ -41,11 +41,12 @@ def stall_timeout(value: float | None = None) -> float:
     from ..errors import LaunchError
 
     if value is None:
-        raw = config.get(config.STALL_TIMEOUT, str(DEFAULT_STALL_TIMEOUT_S))
-        try:
-            value = float(raw)
-        except ValueError:
-            raise LaunchError(f"HVDKIT_STALL_TIMEOUT={raw!r} is not a number of seconds.") from None
+        value = config.get_float(
+            config.STALL_TIMEOUT,
+            DEFAULT_STALL_TIMEOUT_S,
+            what="a number of seconds",
+            error=LaunchError,
+        )
     if value <= 0:
         raise LaunchError(f"stall timeout {value:g} must be positive (seconds).")
     return value

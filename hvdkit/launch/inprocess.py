@@ -44,7 +44,6 @@ from typing import NoReturn
 
 from .. import config
 from ..errors import LaunchError
-from .roles import DEFAULT_TIMEOUT_S
 
 TOKEN_POLL_S = 0.2
 
@@ -157,11 +156,7 @@ def _wait_for_token(path: str, deadline: float, old: str | None) -> str:
 
 
 def _timeout() -> float:
-    raw = config.get(config.SCHED_TIMEOUT, str(DEFAULT_TIMEOUT_S))
-    try:
-        return float(raw)
-    except ValueError:
-        raise LaunchError(f"HVDKIT_SCHED_TIMEOUT={raw!r} is not a number of seconds.") from None
+    return config.sched_timeout()
 
 
 def _flush() -> None:

@@ -27,13 +27,9 @@ BACKOFF_MAX_S = 8.0
 def max_restarts(value: int | None = None) -> int:
     """The restart budget: ``value`` if given, else ``HVDKIT_MAX_RESTARTS``, else 0."""
     if value is None:
-        raw = config.get(config.MAX_RESTARTS, "0")
-        try:
-            value = int(raw)
-        except ValueError:
-            raise LaunchError(
-                f"HVDKIT_MAX_RESTARTS={raw!r} is not a whole number; use e.g. 2 (or 0 for none)."
-            ) from None
+        value = config.get_int(
+            config.MAX_RESTARTS, 0, fix="use e.g. 2 (or 0 for none).", error=LaunchError
+        )
     if value < 0:
         raise LaunchError(f"--max-restarts {value} must be >= 0 (0: never restart).")
     return value

@@ -28,37 +28,23 @@ from ..errors import LaunchError
 from .auth import write_token_file
 from .restart import max_restarts
 
-DEFAULT_TIMEOUT_S = 300.0
-
 
 def _int_setting(name: str, default: int | None) -> int:
-    raw = config.get(name)
-    if raw is None:
-        if default is None:
-            raise LaunchError(f"set {name} (e.g. {name}=2).")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise LaunchError(f"{name}={raw!r} is not a whole number.") from None
+    return config.get_int(name, default, fix=f"e.g. {name}=2", error=LaunchError)
 
 
 def _float_setting(name: str, default: float) -> float:
-    raw = config.get(name, str(default))
-    try:
-        return float(raw)
-    except ValueError:
-        raise LaunchError(f"{name}={raw!r} is not a number of seconds.") from None
+    return config.get_float(name, default, what="a number of seconds", error=LaunchError)
 
 
 def _elastic_setting() -> bool:
-    raw = config.get(config.ELASTIC, "0")
-    if raw not in ("0", "1"):
-        raise LaunchError(
-            f"{config.ELASTIC}={raw!r}: use 1 to let the workers left after a failure go on "
-            "in-process (their script trains inside hvdkit.elastic.run), or 0 (the default)."
-        )
-    return raw == "1"
+    return config.get_bool(
+        config.ELASTIC,
+        False,
+        fix="use 1 to let the workers left after a failure go on in-process (their "
+        "script trains inside hvdkit.elastic.run), or 0 (the default).",
+        error=LaunchError,
+    )
 
 
 def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
@@ -105,7 +91,7 @@ def main(role: str, argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", stream=sys.stderr)
     host = config.get(config.SCHED_HOST, "127.0.0.1")
     port = _int_setting(config.SCHED_PORT, config.DEFAULT_SCHED_PORT)
-    timeout = _float_setting(config.SCHED_TIMEOUT, DEFAULT_TIMEOUT_S)
+    timeout = config.sched_timeout()
     token = config.get(config.JOB_TOKEN)
     if role == "scheduler":
         if argv:
