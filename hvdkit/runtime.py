@@ -14,6 +14,7 @@ import os
 import tensorflow as tf
 
 from . import _compat, config
+from ._validate import check_int
 from .backends import Backend, create
 from .errors import ConfigurationError, NotInitializedError
 
@@ -136,23 +137,18 @@ def _refuse_lonely_job() -> None:
 
 
 def _thread_setting(setting: int | str | None) -> int | str:
-    """``"auto"`` or a thread count >= 0, from the argument or HVDKIT_INTRA_OP_THREADS."""
+    """``"auto"`` or a thread count >= 0, from the argument or HVDKIT_INTRA_OP_THREADS.
+
+    An int (``True`` and ``2.5`` are not ints), or the string ``"auto"``.
+    """
+    fix = "use 'auto', 0 (TensorFlow's default) or a positive number of threads."
     if setting is None:
-        setting = config.get(config.INTRA_OP_THREADS, "auto")
+        if config.get(config.INTRA_OP_THREADS, "auto").strip() == "auto":
+            return "auto"
+        return config.get_int(config.INTRA_OP_THREADS, 0, minimum=0, fix=fix)
     if setting == "auto":
         return "auto"
-    try:
-        threads = int(setting)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"intra_op_threads={setting!r} is not valid; use 'auto', 0 (TensorFlow's "
-            "default) or a positive number of threads."
-        ) from None
-    if threads < 0:
-        raise ConfigurationError(
-            f"intra_op_threads={threads} is negative; use 'auto', 0 or a positive int."
-        )
-    return threads
+    return check_int("intra_op_threads", setting, minimum=0, fix=fix)
 
 
 def _configure_threads(setting: int | str, local_size: int) -> None:

@@ -104,6 +104,13 @@ def test_backend_selection_errors(monkeypatch):
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
     with pytest.raises(hvdkit.ConfigurationError, match="intra_op_threads='many'"):
         hvdkit.init(intra_op_threads="many")
+    for bad in (2.5, True):  # not an int: refused, not rounded
+        with pytest.raises(hvdkit.ConfigurationError, match=f"intra_op_threads={bad!r} is not"):
+            hvdkit.init(intra_op_threads=bad)
+    monkeypatch.setenv("HVDKIT_INTRA_OP_THREADS", "2.5")
+    with pytest.raises(hvdkit.ConfigurationError, match="HVDKIT_INTRA_OP_THREADS='2.5' is not"):
+        hvdkit.init()
+    monkeypatch.delenv("HVDKIT_INTRA_OP_THREADS")
     hvdkit.shutdown()
     assert not hvdkit.is_initialized()
 
