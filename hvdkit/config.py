@@ -1,8 +1,16 @@
-"""Environment variables hvdkit reads, in one place.
+"""hvdkit's own environment variables (``HVDKIT_*``, MindSpore's ``MS_*`` aliases), in one place.
 
-Explicit function arguments always win; these are consulted only when an
-argument is left as ``None``. Only the launcher (:mod:`hvdkit.launch`) writes
-environment variables.
+Their names, defaults and the one typed reader (:func:`get_int`,
+:func:`get_float`, :func:`get_bool`). Explicit function arguments always
+win; these are consulted only when an argument is left as ``None``. Only
+the launcher (:mod:`hvdkit.launch`) writes environment variables.
+
+Other programs' variables live with the one function that speaks that
+program's contract: Horovod's Gloo launch contract in
+``launch/worker.horovod_env``, Horovod's stall inspector in
+``launch/heartbeat.horovod_stall_env``, Open MPI's in ``launch/transport``
+(``MPI_ENV``, ``MPI_AS_ROOT_ENV``). Horovod's Gloo timeout
+(:data:`GLOO_TIMEOUT`) is here because hvdkit chooses its value.
 """
 
 from __future__ import annotations
