@@ -767,6 +767,16 @@ def neighbor_exchange(
     n, me = runtime.size(), runtime.rank()
     eager = tf.executing_eagerly()
     send_to, recv_from = list(send_to), list(recv_from)
+    _check_peers(send_to, recv_from, n)
+    by_dest, as_numpy = _tensors_by_destination(tensors, send_to)
+    pattern = _gather_pattern(by_dest, recv_from, n, name)  # [src, dest, 2 + ndim]
+    checked = _check_pattern(pattern, eager)
+    received, rsplits = _exchange(pattern[me], by_dest, n, checked, eager, name)
+    pieces = tf.split(received, rsplits, num=n)
+    return [_out(tf.reshape(pieces[i], pattern[i, me, 2:]), as_numpy) for i in recv_from]
+
+
+def _check_peers(send_to: list, recv_from: list, n: int) -> None:
     for label, peers in (("send_to", send_to), ("recv_from", recv_from)):
         bad = [p for p in peers if not is_int(p) or not 0 <= p < n]
         if bad:
@@ -778,6 +788,10 @@ def neighbor_exchange(
             raise ConfigurationError(
                 f"neighbor_exchange: {label}={peers} lists a rank twice; each peer once."
             )
+
+
+def _tensors_by_destination(tensors, send_to: list) -> tuple[dict, bool]:
+    """``({destination: tensor}, whether to return numpy)``; one dtype and rank for all."""
     if isinstance(tensors, (list, tuple)):
         if len(tensors) != len(send_to):
             raise ConfigurationError(
@@ -793,7 +807,6 @@ def neighbor_exchange(
         converted = [_as_tensor(t) for t in tensors]
     else:
         converted = [_as_tensor(tensors)] * max(1, len(send_to))
-    as_numpy = converted[0][1]
     parts = [t for t, _ in converted]
     dtype, ndim = parts[0].dtype, parts[0].shape.rank
     if any(p.dtype != dtype or p.shape.rank != ndim for p in parts):
@@ -802,52 +815,66 @@ def neighbor_exchange(
             + ", ".join(_describe(p) for p in parts)
         )
     by_dest = dict(zip(send_to, parts[: len(send_to)], strict=True))
+    # With an empty send_to the one tensor only sets dtype and rank (key -1: not sent).
+    return by_dest or {-1: parts[0]}, converted[0][1]
 
-    # Pattern row per destination j: [I send to j, I expect from j, shape...].
+
+def _gather_pattern(by_dest: dict, recv_from: list, n: int, name: str | None) -> tf.Tensor:
+    """Every rank's row per destination j: ``[sends to j, expects from j, shape...]``."""
+    template = next(iter(by_dest.values()))
+    ndim = template.shape.rank
     rows = []
     for j in range(n):
-        shape = (
-            tf.shape(by_dest[j], out_type=tf.int64) if j in by_dest else tf.zeros([ndim], tf.int64)
-        )
-        flags = tf.constant([int(j in by_dest), int(j in recv_from)], tf.int64)
+        sent = j in by_dest
+        shape = tf.shape(by_dest[j], out_type=tf.int64) if sent else tf.zeros([ndim], tf.int64)
+        flags = tf.constant([int(sent), int(j in recv_from)], tf.int64)
         rows.append(tf.concat([flags, shape], 0))
     pattern = allgather(tf.stack(rows)[None], name=f"{name or 'neighbor_exchange'}.pattern")
-    pattern = tf.reshape(_compat.opaque_while_tracing(pattern), [n, n, 2 + ndim])  # [src, dest, ..]
+    return tf.reshape(_compat.opaque_while_tracing(pattern), [n, n, 2 + ndim])
+
+
+def _check_pattern(pattern: tf.Tensor, eager: bool):
+    """Every rank sees the same pattern and fails alike; in a graph, the check to wait for."""
     sends, expects = pattern[:, :, 0], tf.transpose(pattern[:, :, 1])
-    if eager:
-        diff = np.argwhere(sends.numpy() != expects.numpy())
-        if len(diff):
-            sends_np = sends.numpy()
-            problems = [
-                f"rank {i} sends to rank {j} but rank {j} does not list {i} in recv_from"
-                if sends_np[i, j]
-                else f"rank {j} expects from rank {i} but rank {i} does not list {j} in send_to"
-                for i, j in diff.tolist()
-            ]
-            raise CollectiveMismatchError(
-                "neighbor_exchange pattern does not match: "
-                + "; ".join(problems)
-                + ". Rank i must list j in send_to exactly when rank j lists i in recv_from."
-            )
-    else:
-        pattern_ok = tf.debugging.assert_equal(
+    if not eager:
+        return tf.debugging.assert_equal(
             sends,
             expects,
             message="neighbor_exchange pattern does not match: rank i must list j in "
             "send_to exactly when rank j lists i in recv_from (rows: senders, columns: receivers)",
         )
-    # The data exchange must not start before the pattern is known and checked.
-    # Inside a tf.function nothing orders Horovod's ops but data, and a rank
-    # sending nothing has a constant payload (which Grappler folds, dropping
-    # control edges), so the splits are computed from the gathered pattern and
-    # wait for the check: every rank sees the same pattern and fails together,
-    # none is left in an alltoall the others never start.
+    diff = np.argwhere(sends.numpy() != expects.numpy())
+    if len(diff):
+        sends_np = sends.numpy()
+        problems = [
+            f"rank {i} sends to rank {j} but rank {j} does not list {i} in recv_from"
+            if sends_np[i, j]
+            else f"rank {j} expects from rank {i} but rank {i} does not list {j} in send_to"
+            for i, j in diff.tolist()
+        ]
+        raise CollectiveMismatchError(
+            "neighbor_exchange pattern does not match: "
+            + "; ".join(problems)
+            + ". Rank i must list j in send_to exactly when rank j lists i in recv_from."
+        )
+    return None
+
+
+def _exchange(mine, by_dest: dict, n: int, checked, eager: bool, name: str | None):
+    """The alltoall of the data, ordered after the pattern check; ``(received, splits)``.
+
+    Inside a tf.function nothing orders Horovod's ops but data, and a rank
+    sending nothing has a constant payload (which Grappler folds, dropping
+    control edges), so the splits are computed from the gathered pattern
+    (``mine``: this rank's row per destination) and wait for the check: none
+    is left in an alltoall the others never start.
+    """
+    template = next(iter(by_dest.values()))
     flat = [tf.reshape(by_dest[j], [-1]) for j in range(n) if j in by_dest]
-    payload = tf.concat(flat, 0) if flat else tf.zeros([0], dtype)
-    mine = pattern[me]  # [dest, 2 + ndim]
+    payload = tf.concat(flat, 0) if flat else tf.zeros([0], template.dtype)
     splits = tf.cast(mine[:, 0] * tf.reduce_prod(mine[:, 2:], axis=1), tf.int32)
-    if not eager:
-        with tf.control_dependencies([pattern_ok]):
+    if checked is not None:
+        with tf.control_dependencies([checked]):
             splits = tf.identity(splits)
     # In a graph Horovod matches ops by name, derived from the input's name when
     # none is given; ranks with different patterns build different graphs, so
@@ -863,8 +890,7 @@ def neighbor_exchange(
         # A rank that receives nothing returns nothing from the alltoall, and a
         # tf.function prunes ops its outputs do not need; an assertion is kept.
         tf.debugging.assert_non_negative(rsplits, message="neighbor_exchange.data ran")
-    pieces = tf.split(received, rsplits, num=n)
-    return [_out(tf.reshape(pieces[i], pattern[i, me, 2:]), as_numpy) for i in recv_from]
+    return received, rsplits
 
 
 @_no_autograph

@@ -414,7 +414,9 @@ def MnistDataset(  # named like MindSpore's class, so ported scripts keep the ca
             order, so with shuffling a different random subset each pass.
             An int ``>= 1``; more than the shard holds means the whole shard.
             ``None``: no cap.
-        num_shards: ``None`` (read everything), an int ``S >= 1`` (with
+        num_shards: ``None`` (read everything: MindSpore's meaning, unlike
+            :func:`~hvdkit.data.shard` and ``ShardSampler``, where ``None``
+            means this job), an int ``S >= 1`` (with
             ``shard_id``), or ``"auto"`` (this job: ``hvdkit.size()``; needs
             ``hvdkit.init()``). Explicit values that differ from the job are
             allowed; they warn (:class:`ShardingWarning`) unless they are
