@@ -38,6 +38,7 @@ Probe = Callable[[], tuple[int, list[tuple[str, float]]]]
 _probes: list[Probe] = []
 _preempted_step: int | None = None
 _rank_listeners: list[Callable[[int], None]] = []
+_forgotten_before = float("-inf")  # waits that started earlier are over (forget_waits)
 
 
 def on_rank_change(listener: Callable[[int], None]) -> None:
@@ -49,6 +50,19 @@ def rank_changed(rank: int) -> None:
     """This process is ``rank`` now: tell the listeners (the heartbeat sender)."""
     for listener in list(_rank_listeners):
         listener(rank)
+
+
+def forget_waits() -> None:
+    """Every collective waited in so far is over: Horovod was shut down (hvdkit.elastic).
+
+    A collective that failed inside a traced step never reports its end; the
+    heartbeats must not go on saying the rank waits in it while the rank
+    rejoins the job.
+    """
+    global _forgotten_before
+    with _lock:
+        _inflight.clear()
+        _forgotten_before = time.monotonic()
 
 
 def label(what: str, step: int | None = None) -> str:
@@ -86,7 +100,7 @@ def _snapshot() -> tuple[int, list[tuple[str, float]]]:
         seen, more = probe()
         done += seen
         waits += more
-    return done, waits
+    return done, [w for w in waits if w[1] >= _forgotten_before]
 
 
 def mark_preempted(step: int) -> None:

@@ -46,8 +46,6 @@ ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's 
 GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # Horovod's: how long a Gloo peer may be silent
 ELASTIC_GLOO_TIMEOUT_S = 2  # in elastic jobs: a dead peer is noticed this fast
 ELASTIC_JOIN = "HVDKIT_ELASTIC_JOIN"  # set by a worker: this rank joins running survivors
-# A joining rank waits in Gloo's rendezvous while the survivors reach a commit boundary.
-ELASTIC_JOIN_GLOO_TIMEOUT_S = 30
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
 ROLE = "HVDKIT_ROLE"

@@ -38,14 +38,13 @@ Example:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _progress, config, runtime
+from . import _meeting, _progress, config, runtime
 from .errors import LaunchError, NotSupportedError
 
 __all__ = ["run", "enabled", "Regroup"]  # and Horovod's other names, refused with hvdkit's way
@@ -151,7 +150,7 @@ def join_waiting() -> bool:
     folder = config.get(config.ELASTIC_DIR)
     if not folder:
         return False
-    body = _read_assignment(os.path.join(folder, "assign.json"))
+    body = _meeting.read_assignment(folder)
     return body is not None and body["round"] > int(os.environ.get(config.RESTART_COUNT, "0"))
 
 
@@ -170,6 +169,7 @@ def _recover(ckpt, exc: BaseException) -> None:
     started = time.monotonic()
     old_rank, old_size = runtime.rank(), runtime.size()
     runtime.shutdown()
+    _progress.forget_waits()  # not "stuck in a collective" while it rejoins
     round_ = _join_next_world()
     _progress.rank_changed(runtime.rank())  # the heartbeats speak for the new rank
     joined = time.monotonic()
@@ -188,39 +188,28 @@ def _recover(ckpt, exc: BaseException) -> None:
 
 
 def _join_next_world() -> int:
-    """Wait for the worker's next assignment, then start Horovod with it; its round."""
+    """Wait for the worker's next assignment, meet the others, start Horovod; the round."""
     folder = config.get(config.ELASTIC_DIR)
-    path = os.path.join(folder, "assign.json")
     seen = int(os.environ.get(config.RESTART_COUNT, "0"))
     timeout = config.sched_timeout()
     deadline = time.monotonic() + timeout
-    while True:
-        body = _read_assignment(path)
-        if body is not None and body["round"] > seen:
-            break
-        if time.monotonic() > deadline:
-            raise LaunchError(
-                f"a peer was lost and no new assignment came within {timeout:g} s "
-                f"({config.SCHED_TIMEOUT}): the scheduler did not form a new world (fewer "
-                f"workers left than {config.MIN_WORKERS}?); see the scheduler's log."
-            )
-        time.sleep(0.02)
-    os.environ.update(body["env"])
-    os.environ[config.RESTART_COUNT] = str(body["round"])
-    os.environ.pop(config.ELASTIC_JOIN, None)  # this process joined once, at its start
-    runtime.init()
-    return body["round"]
-
-
-def _read_assignment(path: str) -> dict | None:
     try:
-        with open(path) as f:
-            body = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(body, dict) or not isinstance(body.get("env"), dict):
-        return None
-    return body
+        while True:
+            body = _meeting.read_assignment(folder)
+            if body is not None and body["round"] > seen:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            time.sleep(_meeting.POLL_S)
+        round_ = _meeting.meet(folder, _meeting.take(body), deadline)
+    except TimeoutError:
+        raise LaunchError(
+            f"a peer was lost and no new world formed within {timeout:g} s "
+            f"({config.SCHED_TIMEOUT}): fewer workers left than {config.MIN_WORKERS}, or "
+            "one of them never got ready; see the scheduler's log."
+        ) from None
+    runtime.init()
+    return round_
 
 
 def _models_of(ckpt) -> list:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import tensorflow as tf
 
-from . import _compat, config
+from . import _compat, _meeting, config
 from ._validate import check_int
 from .backends import Backend, create
 from .errors import ConfigurationError, NotInitializedError
@@ -102,17 +103,30 @@ def init(
 
 
 def _announce_joining() -> None:
-    """A rank that joins a running elastic job tells its worker it is about to rendezvous.
+    """A rank that joins a running elastic job meets the others before starting Horovod.
 
-    The worker passes this on to the scheduler, which only then tells the
-    survivors to leave their world at the next commit boundary and meet this
-    rank in the new one (hvdkit.elastic; ``ready`` in ``HVDKIT_ELASTIC_DIR``).
+    It says ready (its worker tells the scheduler, which only then tells the
+    survivors to leave their world at the next commit boundary) and waits for
+    the go that comes when every rank of the new world is ready
+    (:mod:`hvdkit._meeting`).
+
+    Raises:
+        ConfigurationError: no go within ``HVDKIT_SCHED_TIMEOUT``.
     """
     folder = config.get(config.ELASTIC_DIR)
     if not folder or not config.get(config.ELASTIC_JOIN):
         return
-    with open(os.path.join(folder, "ready"), "w") as f:
-        f.write(str(os.getpid()))
+    timeout = config.sched_timeout(ConfigurationError)
+    round_ = config.get_int(config.RESTART_COUNT, 0)
+    try:
+        _meeting.meet(folder, round_, time.monotonic() + timeout)
+    except TimeoutError:
+        raise ConfigurationError(
+            f"this rank was to join a running elastic job in round {round_}, but the other "
+            f"ranks were not ready within {timeout:g} s ({config.SCHED_TIMEOUT}); see the "
+            "scheduler's log."
+        ) from None
+    os.environ.pop(config.ELASTIC_JOIN, None)  # joined once, at the start
 
 
 def _refuse_lonely_job() -> None:

@@ -304,6 +304,8 @@ class HeartbeatMonitor:
             self._guard.check(rank, session, seq, sent_at)
             status = self.ranks.get(rank)
             if status is None:
+                for old in [k for k, s in self.ranks.items() if k < 0 and s.pid == pid]:
+                    del self.ranks[old]  # renumbered, now heard under its new number
                 status = self.ranks[rank] = RankStatus(pid, host, 0.0)
             if status.session != session:  # a new process for this rank
                 status.session, status.finished = session, False
@@ -364,9 +366,13 @@ class HeartbeatMonitor:
             return {r: _doing(s, now) for r, s in sorted(self.ranks.items()) if not s.finished}
 
     def forget(self) -> None:
-        """Drop every rank's status: the ranks were renumbered (an in-process recovery)."""
+        """The ranks are renumbered (an in-process recovery): file each under ``-1 - rank``.
+
+        Until a process beats under its new number it stays watched under the
+        old one, so a rank that froze meanwhile is still found silent.
+        """
         with self._lock:
-            self.ranks.clear()
+            self.ranks = {-1 - r if r >= 0 else r: s for r, s in self.ranks.items()}
 
     def local_pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks that run on this machine."""

@@ -462,7 +462,7 @@ class Scheduler:
                 rdv_port,
                 f" ({kind}round {round_})" if round_ else "",
             )
-            result = self._watch(regs, round_, later)
+            result = self._watch(regs, round_, later, meet=bool(inplace))
         except BaseException:
             server.stop()
             raise
@@ -479,16 +479,23 @@ class Scheduler:
             server.stop()
         return result
 
-    def _watch(self, regs: list[Registration], round_: int, later: dict) -> RoundResult:
+    def _watch(
+        self, regs: list[Registration], round_: int, later: dict, meet: bool = False
+    ) -> RoundResult:
         """Follow a round until every rank reported; how it ended.
 
         ``later``: the survivors' assignments of a growing round, sent when
         every joining worker said ``ready``; until then those workers still
-        run the previous round (their reports carry its number).
+        run the previous round (their reports carry its number). ``meet``: the
+        ranks start Horovod in-process (survivors, newcomers of an elastic
+        job): each says ``ready``, and all are told ``go`` together
+        (:mod:`hvdkit._meeting`), so no rank waits in Gloo's rendezvous for
+        one that noticed the change later.
         """
         remaining = {r: r.rank for r in regs}
         newcomers = {r for r in regs if r not in later} if later else set()
         waiting = set(newcomers)  # newcomers whose programs are not ready yet
+        meeting = set(regs) if meet else set()  # ranks not yet ready to start Horovod
         ready_by = time.monotonic() + self.timeout_s
         failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         exited_ok: list[int] = []
@@ -506,7 +513,8 @@ class Scheduler:
                 preempt_sent = True
             if waiting and time.monotonic() > ready_by:
                 return self._without(remaining, newcomers, "its program was not ready in time")
-            if not later and not failures and not preempt_sent:
+            if not later and not meet and not failures and not preempt_sent:
+                # (after the go: a round whose ranks have met, and trained, takes newcomers)
                 grown = self._grow(remaining)
                 if grown is not None:
                     return grown
@@ -520,12 +528,19 @@ class Scheduler:
             if reg not in remaining or (rnd is not None and rnd != reg.round):
                 continue  # a late report of an earlier round
             if code == READY:
+                if rnd != round_:
+                    continue  # ready for a round given up
                 waiting.discard(reg)
-                if not waiting and later:  # the newcomers wait in the rendezvous
+                meeting.discard(reg)
+                if not waiting and later:  # the newcomers are ready: the survivors come
                     for r, msg in later.items():
                         r.round = round_
                         r.send(**msg)
                     later = {}
+                if meet and not meeting:  # every rank is ready: start Horovod together
+                    for r in remaining:
+                        r.send(type="go", round=round_)
+                    meet = False
                 continue
             rank = remaining.pop(reg)
             if later:  # the survivors were not told yet: they still train in their world

@@ -25,7 +25,7 @@ from typing import NoReturn
 
 import psutil
 
-from .. import _compat, config
+from .. import _compat, _meeting, config
 from ..errors import LaunchError
 from . import processes, protocol
 from .failures import describe_exit
@@ -147,6 +147,7 @@ class _Round:
     monitor: HeartbeatMonitor | None  # answers the scheduler's "describe"
     preempt: list[str] = field(default_factory=list)  # the scheduler's "preempt", if it came
     reassign: list[dict] = field(default_factory=list)  # in-place "assign"s (hvdkit.elastic)
+    go: list[int] = field(default_factory=list)  # rounds whose ranks are all ready
 
 
 class _Inbox:
@@ -189,6 +190,10 @@ class _Inbox:
                     continue
                 if kind == "assign" and msg.get("inplace") and running is not None:
                     running.reassign.append(msg)  # the program goes on in a new world
+                    continue
+                if kind == "go":
+                    if running is not None and isinstance(msg.get("round"), int):
+                        running.go.append(msg["round"])
                     continue
                 if kind == "describe":
                     if current and running.monitor is not None:
@@ -330,19 +335,23 @@ class _ElasticHandover:
     def __init__(self, assign: dict, env: dict[str, str]):
         self.folder = tempfile.mkdtemp(prefix="hvdkit-elastic-")  # mode 700
         env[config.ELASTIC_DIR] = self.folder
-        self.joining = bool(assign.get("join"))  # our program joins running survivors
-        if self.joining:  # it waits in the rendezvous until they reach a commit boundary
+        if assign.get("join"):  # our program joins running survivors: it meets them first
             env[config.ELASTIC_JOIN] = "1"
-            env[config.GLOO_TIMEOUT] = str(config.ELASTIC_JOIN_GLOO_TIMEOUT_S)
         env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
         self._first_rank = assign["rank"]
+        self._said_ready = -1
 
-    def newly_ready(self) -> bool:
-        """True once, when our joining program is about to meet the survivors (runtime.init)."""
-        if not self.joining or not os.path.exists(os.path.join(self.folder, "ready")):
-            return False
-        self.joining = False
-        return True
+    def newly_ready(self) -> int | None:
+        """The round our program is newly ready to start Horovod in (it said so), or None."""
+        round_ = _meeting.read_round(self.folder, _meeting.READY)
+        if round_ is None or round_ <= self._said_ready:
+            return None
+        self._said_ready = round_
+        return round_
+
+    def go(self, round_: int) -> None:
+        """Every rank of ``round_`` is ready: our program may start Horovod."""
+        _meeting.write(self.folder, _meeting.GO, str(round_))
 
     def hand_over(self, assign: dict, horovod: dict[str, str]) -> None:
         log.warning(
@@ -352,14 +361,8 @@ class _ElasticHandover:
             assign["size"],
             assign["round"],
         )
-        # Later worlds notice a dead peer fast again (a joiner waited longer once).
-        horovod = {**horovod, config.GLOO_TIMEOUT: str(config.ELASTIC_GLOO_TIMEOUT_S)}
         body = json.dumps({"round": int(assign["round"]), "env": horovod})
-        tmp = os.path.join(self.folder, ".assign.json")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-        os.replace(tmp, os.path.join(self.folder, "assign.json"))
+        _meeting.write(self.folder, _meeting.ASSIGN, body)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -415,9 +418,12 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     def on_tick():
         if reasons:
             return
-        if elastic is not None and elastic.newly_ready():
-            log.info("rank %d is ready to join the running ranks (round %d)", rank, round_)
-            _send(ch, type="ready", round=round_)
+        ready = elastic.newly_ready() if elastic is not None else None
+        if ready is not None:
+            log.info("rank %d is ready for round %d", rank, ready)
+            _send(ch, type="ready", round=ready)
+        while running.go:
+            elastic.go(running.go.pop(0))
         while running.reassign:  # the job lost a worker: our program goes on, renumbered
             new = running.reassign.pop(0)
             running.number = int(new["round"])

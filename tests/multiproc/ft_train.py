@@ -43,7 +43,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   steps after a hold take at least that long on any machine.
 * ``--faults JSON``: a list of ``{"step": s, "rank": r, "how": kill|stop|worker}``;
   each fires once in the whole job (a marker file ``OUTDIR/fault-<i>``
-  decides), inside step s, on the process that is rank r at that moment.
+  decides, and then holds the fault with its time and round), inside step s,
+  on the process that is rank r at that moment.
 * ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
   after step STEP every rank makes sure it is saved (rank 0 writes it), waits
   for the others, and exits 0 without a result file: the first half of a run
@@ -53,8 +54,9 @@ Output, in OUTDIR, per attempt ``A`` and rank ``R``:
 
 * ``ids-a<A>-r<R>.jsonl``: a first line ``{"resumed_from": step, "size": S}``,
   then one line per training step ``{"epoch": e, "step": s, "ids": [...],
-  "round": r}`` (the global step after the update, the sample ids of this
-  rank's batch, and the launcher's round it was trained in);
+  "round": r, "t": T}`` (the global step after the update, the sample ids
+  of this rank's batch, the launcher's round it was trained in, and the
+  time it was recorded);
 * ``result-a<A>-r<R>.json`` at the end: ``resumed_from``, ``final_step``,
   ``size``, ``weights`` (every model and optimizer variable, flattened, as
   float64) and ``warnings`` (the checkpoint warnings of the restore).
@@ -137,6 +139,7 @@ def record(step, ids):
         "step": step,
         "ids": ids.numpy().tolist(),
         "round": round_now(),
+        "t": time.time(),
     }
     IDS.write(json.dumps(line) + "\n")
     IDS.flush()
@@ -149,6 +152,8 @@ def record(step, ids):
         kill_self(f"inside training step {step}", ARGS.crash_how)
     for i, fault in enumerate(ARGS.faults):
         if fault["step"] == step and fault["rank"] == hvdkit.rank() and first_time(f"fault-{i}"):
+            with open(os.path.join(ARGS.outdir, f"fault-{i}"), "w") as f:
+                json.dump({**fault, "t": time.time(), "round": round_now()}, f)
             kill_self(f"fault {i} inside training step {step}", fault["how"])
     if ARGS.hold == step and ATTEMPT == 0 and STATE["resumed_from"] < step:
         hold(step)

@@ -10,7 +10,8 @@ integer-argument rule)/``_graph_progress`` (in-graph progress markers)/``_op_nam
 import only from lower layers or from its own layer. ``launch`` stands beside
 the stack: it uses ``config``, ``errors``, ``_progress`` (the field names of
 what a rank waits in), ``_checkpoint_files`` (the checkpoint format, to name
-the resume step), ``_validate`` (what counts as an int) and ``_compat`` only, and never
+the resume step), ``_meeting`` (the files a worker and its rank share in an
+elastic job), ``_validate`` (what counts as an int) and ``_compat`` only, and never
 TensorFlow or Keras. Only ``backends/horovod.py`` uses Horovod's collectives.
 The package facade ``hvdkit/__init__.py`` may wire anything.
 """
@@ -25,11 +26,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
 LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0}
 LAYERS |= {"_checkpoint_files": 1, "_compat": 1, "_validate": 1, "_graph_progress": 1}
-LAYERS |= {"_op_names": 1}
+LAYERS |= {"_op_names": 1, "_meeting": 1}
 LAYERS |= {"backends": 2, "runtime": 3}
 LAYERS |= {"collectives": 4, "compression": 4}
 TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
-LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "_checkpoint_files"}
+LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "_checkpoint_files", "_meeting"}
 LAUNCH_MAY_USE |= {"_validate", "launch"}
 TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
 

@@ -1,0 +1,182 @@
+"""Time to train again under random faults, in-process recovery (hvdkit.elastic).
+
+    python benchmarks/chaos.py [--seeds 5] [--first-seed 100]
+
+Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
+``HVDKIT_ELASTIC=1``: 4 workers, ``HVDKIT_MIN_WORKERS=2``,
+``HVDKIT_MAX_RESTARTS=3`` (a worker whose program died joins again), a stall
+timeout of 8 s. The program is the tests' ``tests/multiproc/ft_train.py
+--mode elastic`` (``fit`` inside ``@hvdkit.elastic.run``, 4 epochs of 192
+samples, steps of at least 0.2 s) with three faults drawn from the seed,
+each at a random step in its own window: a SIGKILL of a rank, a frozen rank
+(SIGSTOP) or a lost worker (a new worker is started when the scheduler
+reports it). The program records the time of each fault and of every step.
+
+Time to train again, per fault: from the fault to the first step the job
+trains in a later round (a smaller world, or the same one after a return).
+A frozen rank's includes the stall timeout (8 s) its worker waits before
+stopping it. Prints each fault and the p50/p95 per kind and overall, and
+writes ``bench_results/chaos.json``. Wall-clock times on a shared machine;
+never a pass/fail gate. The suite's test of the same job with a fixed seed
+(tests/test_elastic_mp.py) checks the results: weights equal to a fault-free
+replay, every sample trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+FT_TRAIN = REPO / "tests" / "multiproc" / "ft_train.py"
+CLUSTER = REPO / "examples" / "cluster"
+KINDS = ("kill", "stop", "worker")
+WINDOWS = (6, 22, 38)  # each fault at a step in [w, w + 6)
+STALL_S = 8
+
+
+def faults_for(seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "step": int(rng.integers(w, w + 6)),
+            "rank": int(rng.integers(0, 2)),
+            "how": str(rng.choice(KINDS)),
+        }
+        for w in WINDOWS
+    ]
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def one_job(seed: int, port: int) -> dict:
+    faults = faults_for(seed)
+    with tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        env = dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="2",
+            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            HVDKIT_SCHED_PORT=str(port),
+            HVDKIT_JOB_TOKEN="bench-" + os.urandom(8).hex(),
+            HVDKIT_WORKER_NUM="4",
+            HVDKIT_MIN_WORKERS="2",
+            HVDKIT_MAX_RESTARTS="3",
+            HVDKIT_STALL_TIMEOUT=str(STALL_S),
+            HVDKIT_SCHED_TIMEOUT="120",
+            HVDKIT_ELASTIC="1",
+        )
+        train = [sys.executable, str(FT_TRAIN), str(out), "--mode", "elastic"]
+        train += ["--epochs", "4", "--samples", "192", "--every", "5", "--step-sleep", "0.2"]
+        train += ["--faults", json.dumps(faults)]
+        started = time.time()
+        sched_log = Path(tmp) / "scheduler.log"
+        sched = _start([str(CLUSTER / "run_scheduler.sh")], env, sched_log)
+        workers = [
+            _start([str(CLUSTER / "run_workers.sh"), "1", *train], env, Path(tmp) / f"w{i}.log")
+            for i in range(4)
+        ]
+        replaced = threading.Event()
+
+        def replace_lost_workers():  # one new worker per "lost its worker" line
+            seen = 0
+            while sched.poll() is None:
+                lost = sched_log.read_text().count("lost its worker")
+                while seen < lost:
+                    log = Path(tmp) / f"new{seen}.log"
+                    workers.append(_start([str(CLUSTER / "run_workers.sh"), "1", *train], env, log))
+                    seen += 1
+                time.sleep(0.2)
+            replaced.set()
+
+        threading.Thread(target=replace_lost_workers, daemon=True).start()
+        code = sched.wait(timeout=1800)
+        replaced.wait(timeout=60)
+        for w in list(workers):
+            w.wait(timeout=120)
+        total = time.time() - started
+        fired = [json.loads(p.read_text()) for p in sorted(out.glob("fault-*"))]
+        steps = [
+            json.loads(line)
+            for f in out.glob("ids-*.jsonl")
+            for line in f.read_text().splitlines()
+            if '"ids"' in line
+        ]
+    again = []
+    for fault in fired:
+        later = [s["t"] for s in steps if s["round"] > fault["round"] and s["t"] > fault["t"]]
+        again.append({**fault, "train_again_s": (min(later) - fault["t"]) if later else None})
+    return {"seed": seed, "exit": code, "job_s": total, "faults": again}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=100)
+    p.add_argument("--port", type=int, default=29680)
+    args = p.parse_args()
+    jobs = [
+        one_job(s, args.port + i)
+        for i, s in enumerate(range(args.first_seed, args.first_seed + args.seeds))
+    ]
+    print(f"\n{'seed':>5} {'exit':>5} {'job s':>7}  faults (kind@step: seconds to train again)")
+    for j in jobs:
+        said = ", ".join(
+            f"{f['how']}@{f['step']}: "
+            + ("-" if f["train_again_s"] is None else f"{f['train_again_s']:.1f}")
+            for f in j["faults"]
+        )
+        print(f"{j['seed']:5d} {j['exit']:5d} {j['job_s']:7.1f}  {said}")
+    summary = {}
+    for kind in (*KINDS, "all"):
+        times = [
+            f["train_again_s"]
+            for j in jobs
+            for f in j["faults"]
+            if f["train_again_s"] is not None and kind in (f["how"], "all")
+        ]
+        if times:
+            summary[kind] = {
+                "n": len(times),
+                "p50": float(np.percentile(times, 50)),
+                "p95": float(np.percentile(times, 95)),
+                "max": max(times),
+            }
+    print(f"\n{'kind':>7} {'n':>3} {'p50 s':>7} {'p95 s':>7} {'max s':>7}")
+    for kind, s in summary.items():
+        print(f"{kind:>7} {s['n']:3d} {s['p50']:7.2f} {s['p95']:7.2f} {s['max']:7.2f}")
+    failed = [j["seed"] for j in jobs if j["exit"] != 0]
+    print(f"jobs that did not end with 0: {failed or 'none'}")
+    out = REPO / "bench_results" / "chaos.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "what": "seconds from a fault to the job's first step in its next world",
+                "machine": f"{os.cpu_count()} cores, shared",
+                "stall_timeout_s": STALL_S,
+                "summary": summary,
+                "median_job_s": statistics.median(j["job_s"] for j in jobs),
+                "jobs": jobs,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

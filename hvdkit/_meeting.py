@@ -1,0 +1,91 @@
+"""How a rank and its worker agree on the next world of an elastic job (files, one folder).
+
+The worker makes a mode-700 folder for its rank (``HVDKIT_ELASTIC_DIR``).
+Three files pass through it, each written whole (a rename) by one side:
+
+* ``assign.json`` (worker -> rank): ``{"round": r, "env": {...}}``, the
+  Horovod settings of the rank in the job's round ``r``;
+* ``ready`` (rank -> worker): ``r``, the rank is about to start Horovod in
+  round ``r``; the worker tells the scheduler;
+* ``go`` (worker -> rank): ``r``, every rank of round ``r`` said ready (the
+  scheduler's word): start Horovod now.
+
+Gloo gives a rendezvous the same few seconds as any other operation
+(``HOROVOD_GLOO_TIMEOUT_SECONDS``, 2 s in elastic jobs), and ranks notice a
+lost peer up to that long apart, more on a loaded machine: a rank that
+started Horovod first would time out waiting for the others and abort. The
+``go`` makes every rank start within moments of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from . import config
+
+ASSIGN, READY, GO = "assign.json", "ready", "go"
+POLL_S = 0.02
+
+
+def write(folder: str, name: str, text: str) -> None:
+    """Write ``folder/name`` whole: a temporary file (mode 600), then a rename."""
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(folder, name))
+
+
+def read_round(folder: str, name: str) -> int | None:
+    """The round in ``ready`` or ``go``; None if absent or unreadable."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def read_assignment(folder: str) -> dict | None:
+    """``assign.json``'s ``{"round", "env"}``; None if absent or unreadable."""
+    try:
+        with open(os.path.join(folder, ASSIGN)) as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("env"), dict):
+        return None
+    if not isinstance(body.get("round"), int):
+        return None
+    return body
+
+
+def take(body: dict) -> int:
+    """Make ``body`` (an assignment) this process's Horovod settings; its round."""
+    os.environ.update(body["env"])
+    os.environ[config.RESTART_COUNT] = str(body["round"])
+    return body["round"]
+
+
+def meet(folder: str, round_: int, deadline: float) -> int:
+    """Say ready for ``round_`` and wait for the go; the round to start Horovod in.
+
+    If the worker hands over a newer round meanwhile (the scheduler gave up
+    on ``round_``), its settings are taken and the rank meets for that one.
+
+    Raises:
+        TimeoutError: no go by ``deadline`` (a :func:`time.monotonic` value).
+    """
+    write(folder, READY, str(round_))
+    while True:
+        if (read_round(folder, GO) or -1) >= round_:
+            return round_
+        body = read_assignment(folder)
+        if body is not None and body["round"] > round_:
+            round_ = take(body)
+            write(folder, READY, str(round_))
+            continue
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go for round {round_}")
+        time.sleep(POLL_S)
