@@ -4,10 +4,12 @@ env = job_env()                            # PYTHONPATH: the repository
 env = job_env(REPO, REPO / "examples")     # ... and examples/
 env = job_env(HOROVOD_CYCLE_TIME="0.1")    # plus one of Horovod's knobs
 seconds = best_seconds(lambda: run(100), repeats=2)   # inside a job, after hvdkit.init()
+path = write_results("elastic", {"median": med})   # bench_results/elastic.json
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -46,3 +48,11 @@ def best_seconds(run: Callable[[], object], repeats: int) -> float:
         hvdkit.barrier()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def write_results(name: str, payload: dict) -> Path:
+    """Write ``payload`` as indented JSON to ``bench_results/<name>.json``; return the path."""
+    out = REPO / "bench_results" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2))
+    return out

@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import REPO, job_env, write_results
 
-REPO = Path(__file__).resolve().parents[1]
 FT_TRAIN = REPO / "tests" / "multiproc" / "ft_train.py"
 CLUSTER = REPO / "examples" / "cluster"
 KINDS = ("kill", "stop", "worker")
@@ -66,10 +66,7 @@ def one_job(seed: int, port: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
-        env = dict(
-            os.environ,
-            TF_CPP_MIN_LOG_LEVEL="2",
-            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        env = job_env(
             HVDKIT_SCHED_PORT=str(port),
             HVDKIT_JOB_TOKEN="bench-" + os.urandom(8).hex(),
             HVDKIT_WORKER_NUM="4",
@@ -160,20 +157,16 @@ def main() -> None:
         print(f"{kind:>7} {s['n']:3d} {s['p50']:7.2f} {s['p95']:7.2f} {s['max']:7.2f}")
     failed = [j["seed"] for j in jobs if j["exit"] != 0]
     print(f"jobs that did not end with 0: {failed or 'none'}")
-    out = REPO / "bench_results" / "chaos.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "what": "seconds from a fault to the job's first step in its next world",
-                "machine": f"{os.cpu_count()} cores, shared",
-                "stall_timeout_s": STALL_S,
-                "summary": summary,
-                "median_job_s": statistics.median(j["job_s"] for j in jobs),
-                "jobs": jobs,
-            },
-            indent=2,
-        )
+    out = write_results(
+        "chaos",
+        {
+            "what": "seconds from a fault to the job's first step in its next world",
+            "machine": f"{os.cpu_count()} cores, shared",
+            "stall_timeout_s": STALL_S,
+            "summary": summary,
+            "median_job_s": statistics.median(j["job_s"] for j in jobs),
+            "jobs": jobs,
+        },
     )
     print(f"wrote {out}")
 

@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _common import REPO, job_env, write_results
+
 DIE_AT, EVERY, STEPS = 20, 10, 40
 PHASES = ["detected", "rejoin", "roll_back", "first_step", "total"]
 CLUSTER = REPO / "examples" / "cluster"
@@ -101,9 +102,8 @@ def worker(outdir: Path) -> None:
 def one_run(port: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="hvdkit-elastic-bench-") as tmp:
         outdir = Path(tmp)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", HVDKIT_ELASTIC="1")
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-        env.update(
+        env = job_env(
+            HVDKIT_ELASTIC="1",
             HVDKIT_SCHED_PORT=str(port),
             HVDKIT_JOB_TOKEN="bench-" + os.urandom(8).hex(),
             HVDKIT_WORKER_NUM="3",
@@ -167,19 +167,15 @@ def main() -> None:
     print("".join(f"{ph:>12}" for ph in PHASES))
     print("".join(f"{med[ph]:12.2f}" for ph in PHASES))
     print("total per run: " + ", ".join(f"{run['total']:.2f}" for run in runs))
-    out = REPO / "bench_results" / "elastic.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "what": "seconds from a worker's SIGKILL to the survivors' first step, in-process",
-                "machine": f"{os.cpu_count()} cores, shared",
-                "phases": PHASES,
-                "median": med,
-                "runs": runs,
-            },
-            indent=2,
-        )
+    out = write_results(
+        "elastic",
+        {
+            "what": "seconds from a worker's SIGKILL to the survivors' first step, in-process",
+            "machine": f"{os.cpu_count()} cores, shared",
+            "phases": PHASES,
+            "median": med,
+            "runs": runs,
+        },
     )
     print(f"\nwrote {out} in {time.time() - t0:.0f} s")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 import tracemalloc
@@ -31,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 
+from _common import write_results  # noqa: E402
 from listener_targets import TARGETS, run_cases, watching  # noqa: E402
 
 
@@ -99,9 +99,7 @@ def main() -> int:
             f"{'yes' if r['still answers'] else 'NO':>7} {r['heap peak MB']:>7} "
             f"{r['hvdkit heap growth, 2nd half, KB']!s:>10}  {r['state']}"
         )
-    out = REPO / "bench_results" / "fuzz_listeners.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"cases per listener": args.cases, "listeners": rows}, indent=2))
+    out = write_results("fuzz_listeners", {"cases per listener": args.cases, "listeners": rows})
     print(f"wrote {out}")
     return 1 if failed else 0
 

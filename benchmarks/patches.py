@@ -25,22 +25,20 @@ machine and its load; nothing here gates CI.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
+from _common import write_results
 
 from hvdkit.ops import slice_patches
 
 SIDE, CHANNELS = 2048, 3
-OUT = Path(__file__).resolve().parents[1] / "bench_results" / "patches.json"
 
 
 def cases():
@@ -118,25 +116,22 @@ def main() -> None:
     worst = max(r["ratio_to_copy"] for r in rows if r["grid"])
     print(f"worst slice/copy ratio: {worst:.2f} (target <= 2)")
 
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(
-        json.dumps(
-            {
-                "benchmark": "slice_patches in tf.data",
-                "image_shape": [SIDE, SIDE, CHANNELS],
-                "dtype": "uint8",
-                "images_per_pass": args.images,
-                "repeats": args.repeats,
-                "tensorflow": tf.__version__,
-                "machine": platform.platform(),
-                "cpus": os.cpu_count(),
-                "rows": rows,
-                "worst_ratio_to_copy": worst,
-            },
-            indent=2,
-        )
+    out = write_results(
+        "patches",
+        {
+            "benchmark": "slice_patches in tf.data",
+            "image_shape": [SIDE, SIDE, CHANNELS],
+            "dtype": "uint8",
+            "images_per_pass": args.images,
+            "repeats": args.repeats,
+            "tensorflow": tf.__version__,
+            "machine": platform.platform(),
+            "cpus": os.cpu_count(),
+            "rows": rows,
+            "worst_ratio_to_copy": worst,
+        },
     )
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

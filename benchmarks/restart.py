@@ -136,8 +136,6 @@ def main() -> None:
         med = {ph: statistics.median(run[ph] for run in runs) for ph in PHASES}
         summary[transport] = med
         print(f"{transport:10}" + "".join(f"{med[ph]:12.1f}" for ph in PHASES))
-    out = REPO / "bench_results" / "restart.json"
-    out.parent.mkdir(exist_ok=True)
     payload = {
         "what": "seconds from a rank's SIGKILL to the restarted job's first training step",
         "machine": f"{os.cpu_count()} cores, shared",
@@ -145,7 +143,9 @@ def main() -> None:
         "median": summary,
         "runs": results,
     }
-    out.write_text(json.dumps(payload, indent=2))
+    from _common import write_results  # here, not above: imports are timed in the ranks
+
+    out = write_results("restart", payload)
     print(f"\nwrote {out} in {time.time() - t0:.0f} s")
 
 
