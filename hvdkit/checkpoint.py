@@ -469,10 +469,16 @@ class Checkpointer:
         if variables is None:
             model_vars, opt_vars = self._variables()
             variables = model_vars + opt_vars
+        # Into the last commit's arrays, as the background save does: no fresh
+        # memory to first-touch at every commit.
+        previous = self._commit["arrays"] if self._commit is not None else []
+        previous = previous + [None] * (len(variables) - len(previous))
         self._commit = {
             "step": self.step,
             "epoch": self.epoch,
-            "arrays": [np.array(v.numpy(), copy=True) for v in variables],
+            "arrays": [
+                _compat.copy_variable(v, out) for v, out in zip(variables, previous, strict=False)
+            ],
             "sampler": None if self.sampler is None else self.sampler.state_dict(),
             "rng": _rng_state(),
             "extra": json.loads(json.dumps(self.extra)),
