@@ -1,5 +1,7 @@
 """The one rule for integer arguments: what counts as an int, and the error when one is not.
 
+(And its sibling for real numbers, :func:`is_number`.)
+
 Counts, sizes, steps and seeds passed to hvdkit are accepted as Python or
 numpy integers and returned as a plain ``int``. A ``bool`` is refused even
 though Python calls it an int (``shard(ds, True, 0)`` is a slip, not one
@@ -21,7 +23,7 @@ from typing import Any
 
 from .errors import ConfigurationError, HvdkitError
 
-__all__ = ["is_int", "check_int"]
+__all__ = ["is_int", "is_number", "check_int"]
 
 
 def is_int(value: Any) -> bool:
@@ -31,6 +33,16 @@ def is_int(value: Any) -> bool:
     :class:`numbers.Integral`; ``np.bool_`` and floats are not registered.
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """True for Python and numpy ints and floats; False for bools and everything else.
+
+    The one test for "a number but not a bool" (factors, seconds, fractional
+    epochs): ``np.float32(0.5)`` and ``np.float64(0.5)`` pass alike, ``True``
+    and ``np.True_`` do not.
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_int(

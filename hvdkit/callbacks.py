@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import numbers
 
 import keras
 import numpy as np
 
 from . import _job_metrics, collectives, runtime
+from ._validate import is_number
 from .errors import ConfigurationError
 
 __all__ = [
@@ -464,7 +464,7 @@ def _check_steps_per_epoch(value) -> None:
     """
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise ConfigurationError(
             f"steps_per_epoch={value!r} is not a number of batches; pass one (or None to take "
             "it from fit). Horovod's third argument is momentum_correction."

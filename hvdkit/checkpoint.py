@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _checkpoint_files as files
 from . import _compat, collectives, config, errors, preemption, runtime
-from ._validate import check_int
+from ._validate import check_int, is_number
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
 from .errors import ConfigurationError, HvdkitError
@@ -189,11 +189,7 @@ class Checkpointer:
                 minimum=1,
                 message=f"Checkpointer: every_steps={every_steps!r} {schedule}",
             )
-        if every_seconds is not None and (
-            isinstance(every_seconds, bool)
-            or not isinstance(every_seconds, (int, float))
-            or every_seconds <= 0
-        ):
+        if every_seconds is not None and (not is_number(every_seconds) or every_seconds <= 0):
             raise ConfigurationError(f"Checkpointer: every_seconds={every_seconds!r} {schedule}")
         keep = check_int(
             "keep",

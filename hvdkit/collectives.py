@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _compat, _progress, runtime
-from ._validate import is_int
+from ._validate import is_int, is_number
 from .backends import ReduceOp
 from .errors import (
     CollectiveError,
@@ -170,9 +170,7 @@ def _check_scale(prescale_factor: float, postscale_factor: float, what: str) -> 
         ("prescale_factor", prescale_factor),
         ("postscale_factor", postscale_factor),
     ):
-        if not isinstance(factor, (int, float, np.integer, np.floating)) or isinstance(
-            factor, bool
-        ):
+        if not is_number(factor):
             raise ConfigurationError(f"{what}: {label}={factor!r} must be a Python number.")
 
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import hvdkit
-from hvdkit._validate import check_int, is_int
+from hvdkit._validate import check_int, is_int, is_number
 from hvdkit.data import readers, sharding
 from hvdkit.errors import ConfigurationError, ShardingError
 from hvdkit.ops import _args
@@ -36,6 +36,44 @@ from hvdkit.sink import loop
 )
 def test_is_int(value, expected):
     assert is_int(value) is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (2, True),
+        (0.5, True),
+        (np.float32(0.5), True),
+        (np.float64(0.5), True),
+        (np.int32(2), True),
+        (True, False),
+        (np.True_, False),
+        ("0.5", False),
+        (None, False),
+        (1j, False),
+    ],
+    ids=repr,
+)
+def test_is_number(value, expected):
+    assert is_number(value) is expected
+
+
+def test_the_number_rule_is_the_same_at_every_site(local_runtime, tmp_path):
+    """np.float32 and np.float64 are taken alike where a real number is wanted; True nowhere."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    for good in (np.float32(0.5), np.float64(0.5)):
+        ckpt = hvdkit.Checkpointer(tmp_path, model=model, every_seconds=good)
+        assert ckpt.every_seconds == 0.5
+        warmup = hvdkit.callbacks.LearningRateWarmupCallback(
+            0.1, warmup_epochs=1, steps_per_epoch=good * 4
+        )
+        assert warmup.steps_per_epoch == 2.0
+        out = hvdkit.allreduce(np.ones(2, np.float32), op=hvdkit.Sum, prescale_factor=good)
+        np.testing.assert_allclose(np.asarray(out), [0.5, 0.5])
+    with pytest.raises(ConfigurationError, match=r"steps_per_epoch=True is not a number"):
+        hvdkit.callbacks.LearningRateWarmupCallback(0.1, steps_per_epoch=True)
+    with pytest.raises(ConfigurationError, match=r"prescale_factor=np.True_ must be a Python"):
+        hvdkit.allreduce(np.ones(2, np.float32), op=hvdkit.Sum, prescale_factor=np.True_)
 
 
 def test_numpy_integers_come_back_as_plain_ints():
