@@ -40,6 +40,7 @@ RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first at
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
+COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # "1": Horovod's threads on SCHED_RR (Gloo; default 0)
 DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
 ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment
@@ -241,4 +242,18 @@ def preempt_grace() -> float:
         what="a grace period",
         fix="give the seconds a job has between SIGTERM and being killed "
         f"(> 0, default {DEFAULT_PREEMPT_GRACE_S:g}).",
+    )
+
+
+def comm_priority() -> bool:
+    """Whether Horovod's threads get ``SCHED_RR`` under Gloo: ``HVDKIT_COMM_PRIORITY``, else off.
+
+    Raises:
+        ConfigurationError: the value is not ``0`` or ``1``.
+    """
+    return get_bool(
+        COMM_PRIORITY,
+        False,
+        fix="1 gives Horovod's threads real-time priority over TensorFlow's compute under "
+        "Gloo (for wire-bound links; docs/performance.md), 0 (the default) leaves them.",
     )

@@ -26,6 +26,7 @@ EXPECTED = [
     "mixed_precision_buckets_decide_on_averaged_gradients",
     "ranks_that_built_different_optimizers_and_layers_first_still_pair",
     "sync_batch_norm_trains_like_one_process_after_different_layers_were_built",
+    "horovod_threads_on_the_normal_policy_by_default",
     "step_check_raises_on_every_rank_with_buckets",
 ]
 

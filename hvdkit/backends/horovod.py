@@ -18,12 +18,13 @@ reports nothing built and :class:`HorovodBackend` refuses to start.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat
+from .. import _compat, _threads, config
 from ..errors import ConfigurationError
 from .base import Backend, ReduceOp
 
@@ -90,7 +91,18 @@ class HorovodBackend(Backend):
                 f"importable ({_IMPORT_ERROR}). Build it with `scripts/install.sh`, or run "
                 "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
             )
+        config.comm_priority()  # a bad value is refused before the job starts
+        before = _threads.thread_ids()
         hvd.init()
+        # Horovod's background thread and Gloo's socket loop, started by init
+        self.comm_threads = _threads.started_since(before)
+        self.comm_priority = "off"
+        if config.comm_priority():
+            if self.transport() == "gloo":
+                self.comm_priority = _threads.favour(self.comm_threads)
+            else:  # a polling real-time thread would starve the backward pass
+                self.comm_priority = "off under MPI: its transport polls while it waits"
+            logging.getLogger("hvdkit").info("HVDKIT_COMM_PRIORITY=1: %s", self.comm_priority)
 
     def rank(self) -> int:
         return hvd.rank()

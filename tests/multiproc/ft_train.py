@@ -290,6 +290,8 @@ CALLS = []
 
 @hvdkit.elastic.run
 def train_elastic(state):
+    # hvdkit.barrier() in every world, a joined rank's first one included
+    hvdkit.barrier()
     if CALLS:  # an in-process recovery rolled the state back to its last save
         STATE["resumed_from"] = state.step
         line = {"recovered_from": state.step, "size": hvdkit.size(), "rank": hvdkit.rank()}

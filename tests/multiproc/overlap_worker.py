@@ -12,6 +12,7 @@ against the plan, and the overlap itself as a fact of the graph: the first
 bucket's allreduce does not depend on the first layer's gradient.
 """
 
+import os
 import sys
 
 import keras
@@ -20,7 +21,7 @@ import tensorflow as tf
 from _equal import assert_close, assert_same_on_all_ranks, my_rows, weights
 
 import hvdkit as hvd
-from hvdkit import _buckets, sink
+from hvdkit import _buckets, _threads, runtime, sink
 
 from _harness import Checks
 
@@ -297,6 +298,14 @@ with c.check("sync_batch_norm_trains_like_one_process_after_different_layers_wer
     got.fit(Xr, Yr, batch_size=HALF, epochs=EPOCHS, shuffle=False, verbose=0)
     assert_close(weights(got), weights(want), rtol=1e-4, atol=1e-5)
     assert_same_on_all_ranks(weights(got), "sync batch norm")
+
+with c.check("horovod_threads_on_the_normal_policy_by_default"):
+    # HVDKIT_COMM_PRIORITY is opt-in (tests/multiproc/threads_worker.py runs with it)
+    backend = runtime.backend()
+    alive = _threads.thread_ids()
+    assert backend.comm_priority == "off", backend.comm_priority
+    assert [t for t in backend.comm_threads if t in alive], backend.comm_threads
+    assert {_threads.policy_of(t) for t in alive} == {os.SCHED_OTHER}
 
 with c.check("step_check_raises_on_every_rank_with_buckets"):
     # last: a rank one step ahead makes every rank raise, whatever the bucket
