@@ -22,8 +22,15 @@ rows. In the same job, round after round (every variant once per round,
 * ``tape_default``     the same with hvdkit's default buckets;
 * ``tape_b<size>``     the same with other ``bucket_bytes`` (the default's choice);
 * ``raw_horovod``      the same step with ``horovod.tensorflow.DistributedGradientTape``
-                       (one allreduce per gradient, Horovod fusing what is ready);
+                       (one allreduce per gradient, Horovod fusing what is ready),
+                       Horovod's threads on the normal policy, as Horovod ships;
                        ``raw_horovod_b`` a second instance of it, the control;
+                       ``raw_horovod_rr`` the same with ``HVDKIT_COMM_PRIORITY=1``;
+* ``tape_default_rr``  hvdkit's default buckets with ``HVDKIT_COMM_PRIORITY=1``
+                       (Horovod's threads on ``SCHED_RR``, ``hvdkit/_threads.py``;
+                       the job starts with it, and every other variant runs with
+                       the threads put back on the normal policy; under MPI the
+                       setting does nothing, so ``_rr`` rows equal the others);
 * ``fit_single``, ``fit_default``  ``model.fit`` with ``hvdkit.DistributedOptimizer``
                        (one bucket / default), per-step time from batch-end times.
 
@@ -126,10 +133,13 @@ def worker(steps: int, rounds: int, out: str) -> None:
     import tensorflow as tf
 
     import hvdkit
-    from hvdkit import _buckets, _compat
+    from hvdkit import _buckets, _compat, _threads, runtime
 
     hvdkit.init(intra_op_threads=1)
+    backend = runtime.backend()
     default_bytes = _buckets.resolve_bucket_bytes(None, "overlap.py")
+    favoured = backend.comm_priority.startswith("SCHED_RR")  # HVDKIT_COMM_PRIORITY=1 took
+    _threads.unfavour(backend.comm_threads)  # hvdkit's default; the _rr variants favour them
 
     def build():
         keras.utils.set_random_seed(0)
@@ -192,8 +202,10 @@ def worker(steps: int, rounds: int, out: str) -> None:
         # the control: a second, separately built raw Horovod step; its ratio to the
         # first is the noise this machine adds to every ratio in the table
         "raw_horovod_b": step_with(raw_gradients),
+        "raw_horovod_rr": step_with(raw_gradients),  # Horovod with HVDKIT_COMM_PRIORITY=1
         "tape_single": tape(1 << 40),
         "tape_default": tape(None),
+        "tape_default_rr": tape(None),  # hvdkit's default with HVDKIT_COMM_PRIORITY=1
         **{f"tape_b{b}": tape(b) for b in BUCKET_SWEEP if b != default_bytes},
     }
 
@@ -237,7 +249,12 @@ def worker(steps: int, rounds: int, out: str) -> None:
     for k in range(rounds):
         row = {}
         for name, fn in tape_variants.items():
+            rr = favoured and name.endswith("_rr")
+            if rr:
+                _threads.favour(backend.comm_threads)
             row[name], row[f"cpu_{name}"] = run_tape(fn)
+            if rr:
+                _threads.unfavour(backend.comm_threads)
         row.update({name: run_fit(m) for name, m in fit_models.items()})
         # the slowest rank's time: the step of the job
         names = sorted(row)
@@ -258,6 +275,7 @@ def worker(steps: int, rounds: int, out: str) -> None:
                 "allreduce_quarter": sum(int(np.prod(p.shape)) * 4 for p in quarter),
             },
             "default_bucket_bytes": default_bytes,
+            "comm_priority": backend.comm_priority,
             "rounds": measured,
             "timeline": timeline,
         }
@@ -348,6 +366,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     if (os.cpu_count() or 1) < 2:
         mh.refuse("overlap.py: needs 2 cores (one per simulated host)")
     mh.preflight(transports)
+    os.environ["HVDKIT_COMM_PRIORITY"] = "1"  # the jobs' environment: the _rr variants can favour
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, mh._interrupted)
     mh.remove_stale_namespaces()
@@ -407,7 +426,8 @@ def analyse(jobs: list[dict]) -> dict:
         if not ({"1gbit", "10gbit"} <= set(by_link)) or by_link["10gbit"]["fit"] is None:
             continue
         fit = by_link["10gbit"]["fit"]
-        for variant in ("tape_default", "fit_default", "raw_horovod", "tape_single"):
+        variants = ("tape_default", "tape_default_rr", "fit_default", "raw_horovod", "tape_single")
+        for variant in variants:
             hidden = max(0.0, min(1.0, by_link["1gbit"]["hidden"][variant]))
             row = predict(fit, hidden, nbytes, mh.STEP_TIME_S, backward)
             out["predictions"].append({"transport": transport, "variant": variant, **row})
