@@ -8,7 +8,10 @@ Three files pass through it, each written whole (a rename) by one side:
 * ``ready`` (rank -> worker): ``r``, the rank is about to start Horovod in
   round ``r``; the worker tells the scheduler;
 * ``go`` (worker -> rank): ``r``, every rank of round ``r`` said ready (the
-  scheduler's word): start Horovod now.
+  scheduler's word): start Horovod now;
+* ``resumed`` (rank 0 -> its worker): ``r s``, round ``r`` trains again from
+  step ``s`` (after the roll-back); the scheduler prints it with the
+  membership change.
 
 Gloo gives a rendezvous the same few seconds as any other operation
 (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 2 s in elastic jobs), and ranks notice a
@@ -25,7 +28,7 @@ import time
 
 from . import config
 
-ASSIGN, READY, GO = "assign.json", "ready", "go"
+ASSIGN, READY, GO, RESUMED = "assign.json", "ready", "go", "resumed"
 POLL_S = 0.02
 
 
@@ -45,6 +48,16 @@ def read_round(folder: str, name: str) -> int | None:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def read_resumed(folder: str) -> tuple[int, int] | None:
+    """``resumed``'s ``(round, step)``; None if absent or unreadable."""
+    try:
+        with open(os.path.join(folder, RESUMED)) as f:
+            round_, step = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return round_, step
 
 
 def read_assignment(folder: str) -> dict | None:

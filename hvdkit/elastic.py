@@ -176,6 +176,8 @@ def _recover(ckpt, exc: BaseException) -> None:
     step = ckpt._rollback()
     for model in _models_of(ckpt):
         _reset_compiled_functions(model)
+    if runtime.rank() == 0:  # the scheduler's membership line names the step
+        _meeting.write(config.get(config.ELASTIC_DIR), _meeting.RESUMED, f"{round_} {step}")
     why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
     back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
     print(

@@ -232,6 +232,12 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
     lines = [ln for _, (_, o) in elastic.items() for ln in o.splitlines() if "to rejoin" in ln]
     assert len([ln for ln in lines if f"rolled back to step {LAST_SAVE}; " in ln]) == 2, lines
     assert len([ln for ln in lines if f"went on from step {grown_at}; " in ln]) == 2, lines
+    # the scheduler's membership lines name the step each new world trains again from
+    again = [ln.split("] ", 1)[-1] for ln in sched.splitlines() if "train again from step" in ln]
+    assert [ln[ln.index("round"):] for ln in again] == [
+        f"round 1: 2 ranks train again from step {LAST_SAVE}",
+        f"round 2: 3 ranks train again from step {grown_at}",
+    ], report
 
     # The same schedule of world sizes without in-process recovery: a whole-job restart on
     # the two workers left, from the step-10 checkpoint, stopped after step grown_at ...

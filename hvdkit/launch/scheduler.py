@@ -44,6 +44,7 @@ SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
 ABORT_WAIT_S = 30.0
 DEFAULT_REPLACE_TIMEOUT_S = 10.0
 READY = "ready"  # an event's code: a joining worker's program is about to meet the others
+RESUMED = "resumed"  # an event's code: rank 0 trains again, from the step in the detail
 
 
 @dataclass(eq=False)
@@ -169,6 +170,7 @@ class Scheduler:
         self.sock.listen(64)
         # (registration, round or None if the connection was lost, code, detail, tail)
         self.events: queue.Queue = queue.Queue()
+        self._round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
         self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
         # round -> rank -> what it was doing, as workers answered a "describe"
         self._doings: dict[int, dict[int, str]] = {}
@@ -454,6 +456,7 @@ class Scheduler:
                 else:
                     reg.round = round_
                     reg.send(**msg)
+            self._round_sizes[round_] = len(regs)
             kind = "in-process " if inplace and not joining else "growing " if joining else ""
             log.info(
                 "assigned %d ranks on %d host(s); rendezvous on port %d%s",
@@ -525,6 +528,10 @@ class Scheduler:
                 if grace_until is None:
                     continue  # only a look at the signals
                 break  # grace over: stop the rest
+            if code == RESUMED:  # also of an earlier round: a newcomer may come first
+                ranks = self._round_sizes.get(rnd, "?")
+                log.info("round %d: %s ranks train again from step %s", rnd, ranks, detail)
+                continue
             if reg not in remaining or (rnd is not None and rnd != reg.round):
                 continue  # a late report of an earlier round
             if code == READY:
@@ -595,9 +602,11 @@ class Scheduler:
         deadline = time.monotonic() + ABORT_WAIT_S
         while remaining and time.monotonic() < deadline:
             try:
-                reg, rnd, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                reg, rnd, code, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
+            if code in (READY, RESUMED):  # not an exit report
+                continue
             if reg in remaining and (rnd is None or rnd == round_):
                 remaining.pop(reg)
         if remaining:
@@ -674,6 +683,11 @@ class Scheduler:
                 self.events.put((reg, *_exit_report(msg)))
             elif msg.get("type") == READY and isinstance(msg.get("round"), int):
                 self.events.put((reg, msg["round"], READY, "", []))
+            elif msg.get("type") == RESUMED and all(
+                isinstance(msg.get(k), int) and not isinstance(msg.get(k), bool)
+                for k in ("round", "step")
+            ):
+                self.events.put((reg, msg["round"], RESUMED, str(msg["step"]), []))
             elif msg.get("type") == "state":
                 self._record_doings(msg)
 

@@ -340,6 +340,15 @@ class _ElasticHandover:
         env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
         self._first_rank = assign["rank"]
         self._said_ready = -1
+        self._said_resumed = -1
+
+    def newly_resumed(self) -> tuple[int, int] | None:
+        """``(round, step)`` our program (rank 0) newly trains again from, or None."""
+        said = _meeting.read_resumed(self.folder)
+        if said is None or said[0] <= self._said_resumed:
+            return None
+        self._said_resumed = said[0]
+        return said
 
     def newly_ready(self) -> int | None:
         """The round our program is newly ready to start Horovod in (it said so), or None."""
@@ -422,6 +431,9 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
         if ready is not None:
             log.info("rank %d is ready for round %d", rank, ready)
             _send(ch, type="ready", round=ready)
+        resumed = elastic.newly_resumed() if elastic is not None else None
+        if resumed is not None:
+            _send(ch, type="resumed", round=resumed[0], step=resumed[1])
         while running.go:
             elastic.go(running.go.pop(0))
         while running.reassign:  # the job lost a worker: our program goes on, renumbered
