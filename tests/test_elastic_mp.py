@@ -234,7 +234,7 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
     assert len([ln for ln in lines if f"went on from step {grown_at}; " in ln]) == 2, lines
     # the scheduler's membership lines name the step each new world trains again from
     again = [ln.split("] ", 1)[-1] for ln in sched.splitlines() if "train again from step" in ln]
-    assert [ln[ln.index("round"):] for ln in again] == [
+    assert [ln[ln.index("round") :] for ln in again] == [
         f"round 1: 2 ranks train again from step {LAST_SAVE}",
         f"round 2: 3 ranks train again from step {grown_at}",
     ], report
