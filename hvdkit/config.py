@@ -218,6 +218,11 @@ def launched_size() -> int | None:
     return None
 
 
+def restart_count() -> int:
+    """The launcher's round of this process (``HVDKIT_RESTART_COUNT``), 0 when unset."""
+    return get_int(RESTART_COUNT, 0, minimum=0, what="a round number (an int >= 0)")
+
+
 def sched_timeout(error: type[Exception] = LaunchError) -> float:
     """Seconds a scheduler/worker job waits for the others: ``HVDKIT_SCHED_TIMEOUT``, else 300."""
     return get_float(

@@ -38,7 +38,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -151,7 +150,7 @@ def join_waiting() -> bool:
     if not folder:
         return False
     body = _meeting.read_assignment(folder)
-    return body is not None and body["round"] > int(os.environ.get(config.RESTART_COUNT, "0"))
+    return body is not None and body["round"] > config.restart_count()
 
 
 def _peer_lost(exc: BaseException) -> bool:
@@ -192,7 +191,7 @@ def _recover(ckpt, exc: BaseException) -> None:
 def _join_next_world() -> int:
     """Wait for the worker's next assignment, meet the others, start Horovod; the round."""
     folder = config.get(config.ELASTIC_DIR)
-    seen = int(os.environ.get(config.RESTART_COUNT, "0"))
+    seen = config.restart_count()
     timeout = config.sched_timeout()
     deadline = time.monotonic() + timeout
     try:

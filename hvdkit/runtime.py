@@ -117,7 +117,7 @@ def _announce_joining() -> None:
     if not folder or not config.get(config.ELASTIC_JOIN):
         return
     timeout = config.sched_timeout(ConfigurationError)
-    round_ = config.get_int(config.RESTART_COUNT, 0)
+    round_ = config.restart_count()
     try:
         _meeting.meet(folder, round_, time.monotonic() + timeout)
     except TimeoutError:
