@@ -175,6 +175,19 @@ class _Keep(logging.Handler):
         self.watch.add(record)
 
 
+def wait_for(predicate, seconds: float = WAIT_S) -> bool:
+    """``predicate()`` once it holds, or its last value after ``seconds``.
+
+    For counters a listener thread updates after its reply went out (a
+    refusal is sent, then counted): the deadline only turns a count that never
+    comes into a failure, it bounds no speed.
+    """
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(predicate())
+
+
 @contextlib.contextmanager
 def watching():
     """Collect uncaught exceptions (any thread) and hvdkit's log records while inside."""

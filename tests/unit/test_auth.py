@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from listener_targets import wait_for
 
 from hvdkit.launch import auth, heartbeat, protocol
 
@@ -427,13 +428,6 @@ def test_heartbeat_status_fields_are_carried():
     beats = heartbeat.Beats(TOKEN, 0, status=lambda: {"collective": "allreduce.w0"}, receiver=rid)
     body = auth.unseal(auth.derive_key(TOKEN, auth.HEARTBEAT), beats.next(bye=True), rid)
     assert body["collective"] == "allreduce.w0" and body["bye"] is True and body["s"] == 0
-
-
-def wait_for(predicate, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_monitor_refuses_bad_datagrams_and_keeps_serving():
