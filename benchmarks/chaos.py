@@ -1,6 +1,6 @@
 """Time to train again under random faults, in-process recovery (hvdkit.elastic).
 
-    python benchmarks/chaos.py [--seeds 5] [--first-seed 100]
+    python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--keep DIR]
 
 Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
 ``HVDKIT_ELASTIC=1``: 4 workers, ``HVDKIT_MIN_WORKERS=2``,
@@ -25,6 +25,7 @@ replay, every sample trained.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -61,9 +62,15 @@ def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
-def one_job(seed: int, port: int) -> dict:
+def one_job(seed: int, port: int, keep: Path | None) -> dict:
     faults = faults_for(seed)
-    with tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-") as tmp:
+    if keep is not None:
+        folder = keep / f"seed-{seed}"
+        folder.mkdir(parents=True, exist_ok=False)
+        where = contextlib.nullcontext(str(folder))
+    else:
+        where = tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-")
+    with where as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
         env = job_env(
@@ -124,9 +131,10 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=100)
     p.add_argument("--port", type=int, default=29680)
+    p.add_argument("--keep", type=Path, help="keep each job's logs in KEEP/seed-N (a new folder)")
     args = p.parse_args()
     jobs = [
-        one_job(s, args.port + i)
+        one_job(s, args.port + i, args.keep)
         for i, s in enumerate(range(args.first_seed, args.first_seed + args.seeds))
     ]
     print(f"\n{'seed':>5} {'exit':>5} {'job s':>7}  faults (kind@step: seconds to train again)")

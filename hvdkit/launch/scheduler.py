@@ -159,6 +159,9 @@ class Scheduler:
         self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A rerun on the port of a job that just ended (its connections in TIME_WAIT)
+        # binds at once; a port another socket listens on is still refused (Linux).
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((host, port))
         except OSError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import socket
 from types import SimpleNamespace
 
 import numpy as np
@@ -342,3 +343,29 @@ def test_this_machine_includes_its_own_addresses_not_others():
     # an address another machine has (TEST-NET-1, never assigned) and an unknown name
     assert not cli._is_this_machine("192.0.2.1")
     assert not cli._is_this_machine("no-such-host.invalid")
+
+
+# ------------------------------------------------------------------ the scheduler's port
+
+
+def _scheduler(port: int):
+    from hvdkit.launch.scheduler import Scheduler
+
+    return Scheduler("127.0.0.1", port, 1, "token-" + "x" * 20, 10.0)
+
+
+def test_a_scheduler_listens_again_on_the_port_a_finished_job_used():
+    """A rerun (after a preemption, say) must not wait for TIME_WAIT to pass."""
+    first = _scheduler(0)
+    port = first.sock.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = first.sock.accept()
+    conn.close()  # the scheduler closes first: its end of the connection is in TIME_WAIT
+    client.close()
+    first.sock.close()
+    again = _scheduler(port)
+    assert again.sock.getsockname()[1] == port
+    # ... while a port another job listens on is still refused, naming it
+    with pytest.raises(LaunchError, match=f"cannot listen on 127.0.0.1:{port}: Address already"):
+        _scheduler(port)
+    again.sock.close()
