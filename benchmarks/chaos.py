@@ -17,9 +17,10 @@ trains in a later round (a smaller world, or the same one after a return).
 A frozen rank's includes the stall timeout (8 s) its worker waits before
 stopping it. Prints each fault and the p50/p95 per kind and overall, and
 writes ``bench_results/chaos.json``. Wall-clock times on a shared machine;
-never a pass/fail gate. The suite's test of the same job with a fixed seed
-(tests/test_elastic_mp.py) checks the results: weights equal to a fault-free
-replay, every sample trained.
+never a pass/fail gate. The suite's test of the same job with three fixed
+faults, one of each kind (tests/test_chaos_mp.py), checks the results:
+weights equal to a fault-free replay of the job's worlds, every sample
+trained. ``--keep DIR`` keeps each job's logs and records.
 """
 
 from __future__ import annotations

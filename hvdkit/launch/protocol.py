@@ -38,6 +38,9 @@ MAX_PENDING = 32  # handshakes in progress at once; more connections are told "b
 MAX_PENDING_PER_ADDRESS = MAX_PENDING // 2  # so one address cannot take every slot
 MAX_DROPPED = 16  # forged lines on one connection before it is given up
 PROTOCOL_VERSION = 2
+ALIVE = "alive"  # a keep-alive message: recv() skips it; it proves the peer is there
+ALIVE_EVERY_S = 1.0  # how often each end of a kept-alive channel sends one
+MIN_SILENCE_S = 10.0  # the shortest silence that counts a peer as lost (a loaded machine)
 TOO_LONG = b"\x00too long"  # what recv_line returns for a line over its bound (not JSON)
 
 # Why the scheduler refuses a connection: the fixed kinds its refusal log counts.
@@ -67,6 +70,25 @@ class Busy(Refused):
     """
 
 
+def silence_limit(stall_s: float) -> float:
+    """Seconds a kept-alive peer may send nothing before it counts as lost.
+
+    The stall timeout (``HVDKIT_STALL_TIMEOUT``), at least
+    :data:`MIN_SILENCE_S`: a worker whose machine or network is cut is then
+    taken for lost as soon as a frozen rank would be, while a keep-alive held
+    up a few seconds by a loaded machine is not.
+    """
+    return max(stall_s, MIN_SILENCE_S)
+
+
+class Silent(OSError):
+    """The peer of a kept-alive channel sent nothing, not even a keep-alive, for too long.
+
+    An ``OSError``: to the code that reads, the connection is lost (a cut
+    network or a frozen machine closes no connection; this ends it).
+    """
+
+
 class Channel:
     """A TCP connection carrying newline-terminated JSON messages."""
 
@@ -80,6 +102,8 @@ class Channel:
         self._keys: tuple[bytes, bytes, str] | None = None  # send key, receive key, session
         self._sent = self._received = 0
         self.dropped = 0
+        self._silence_s: float | None = None  # set by keep_alive()
+        self._closed = threading.Event()
 
     # ------------------------------------------------------------ authentication
     def secure(self, send_key: bytes, recv_key: bytes, session: str) -> None:
@@ -104,6 +128,28 @@ class Channel:
     def send_raw(self, line: bytes) -> None:
         with self._send_lock:
             self.sock.sendall(line + b"\n")
+
+    def keep_alive(self, silence_s: float, every_s: float = ALIVE_EVERY_S) -> None:
+        """Send an :data:`ALIVE` every ``every_s`` until closed; and let :meth:`recv` raise
+        :class:`Silent` once the peer has sent nothing for ``silence_s``.
+
+        Both ends of a secured channel call it (scheduler and worker): a
+        network cut or a frozen machine then ends the connection on both
+        sides within ``silence_s`` instead of leaving each waiting forever.
+
+        Example:
+            >>> ch.keep_alive(silence_limit(stall_timeout()))
+            >>> ch.recv()   # skips keep-alives; Silent after silence_s without a word
+        """
+        self._silence_s = silence_s
+        threading.Thread(target=self._send_alive, args=(every_s,), daemon=True).start()
+
+    def _send_alive(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            try:
+                self.send(type=ALIVE)
+            except OSError:
+                return  # the connection is gone; the reader finds out
 
     # ------------------------------------------------------------ receiving
     def recv_line(self, deadline: float | None = None) -> bytes | None:
@@ -155,14 +201,31 @@ class Channel:
         logged and dropped (after :data:`MAX_DROPPED` of them the connection
         counts as lost); the one unsigned message accepted is a ``refused`` as
         the first line, which can only end the conversation.
+
+        After :meth:`keep_alive`, keep-alives are skipped, and a peer silent
+        for the silence limit raises :class:`Silent` (before ``deadline``).
         """
+        silent_at = None if self._silence_s is None else time.monotonic() + self._silence_s
         while True:
-            line = self.recv_line(deadline)
+            until = silent_at if deadline is None else min(deadline, silent_at or deadline)
+            try:
+                line = self.recv_line(until)
+            except TimeoutError:
+                if silent_at is not None and until == silent_at:
+                    raise Silent(
+                        f"nothing from {auth.where(self.peer)} for {self._silence_s:g} s, "
+                        "not even a keep-alive"
+                    ) from None
+                raise
             if line is None:
                 return None
             if self._keys is None:
                 return _plain(line, self.max_line)
             msg = self._authentic(line)
+            if msg is not None and msg.get("type") == ALIVE:
+                if silent_at is not None:  # only an authentic line proves the peer is there
+                    silent_at = time.monotonic() + self._silence_s
+                continue
             if msg is not None:
                 return msg
             self.dropped += 1
@@ -197,6 +260,7 @@ class Channel:
         return msg
 
     def close(self) -> None:
+        self._closed.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -34,7 +34,7 @@ from .. import config
 from ..errors import LaunchError
 from . import protocol
 from .failures import root_cause
-from .heartbeat import STUCK
+from .heartbeat import STUCK, stall_timeout
 from .protocol import Channel
 from .restart import RestartBudget, resume_step
 
@@ -155,6 +155,8 @@ class Scheduler:
         self.min_workers, self.replace_timeout_s = min_workers, replace_timeout_s
         self.budget = RestartBudget(max_restarts)
         self.elastic = elastic  # survivors of a failure go on in-process (hvdkit.elastic)
+        # a worker that sends nothing for this long (a cut network, a frozen machine) is lost
+        self.silence_s = protocol.silence_limit(stall_timeout())
         self._round_no = 0  # rounds started so far, restarts and in-process recoveries alike
         self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
@@ -201,6 +203,7 @@ class Scheduler:
         except (TypeError, ValueError):
             pid = -1
         reg = Registration(ch, addr[0], str(hello.get("hostname", "?"))[:200], pid)
+        ch.keep_alive(self.silence_s)
         threading.Thread(target=self._listen, args=(reg,), daemon=True).start()
         return reg
 
@@ -672,15 +675,21 @@ class Scheduler:
 
     def _listen(self, reg: Registration) -> None:
         while True:
+            lost = self._lost(reg)
             try:
                 msg = reg.channel.recv()
+            except protocol.Silent:
+                lost = f"lost its worker ({reg.describe()}): no word for {self.silence_s:g} s"
+                log.warning("%s, not even a keep-alive: its machine or network may be down", lost)
+                reg.channel.close()  # if the network comes back, the worker learns it is out
+                msg = None
             except Exception as exc:  # the worker is as good as lost; never a dead thread
                 if not isinstance(exc, OSError):
                     log.error("reading %s failed: %s", reg.describe(), type(exc).__name__)
                 msg = None
             if msg is None:
                 reg.gone = True
-                self.events.put((reg, None, -1, self._lost(reg), []))
+                self.events.put((reg, None, -1, lost, []))
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))

@@ -98,7 +98,7 @@ def run_worker(
     """
     _compat.check_gloo_hostname(sched_host)
     stall = stall_timeout()  # bad settings fail here, before this worker counts as arrived
-    ch, first = join(sched_host, sched_port, token, timeout_s)
+    ch, first = join(sched_host, sched_port, token, timeout_s, protocol.silence_limit(stall))
     try:
         out = RankOutput(log_dir)
         try:
@@ -170,6 +170,10 @@ class _Inbox:
         while True:
             try:
                 msg = ch.recv()
+            except protocol.Silent as exc:
+                log.error("%s: its machine or network may be down; stopping", exc)
+                ch.close()
+                msg = None
             except Exception as exc:  # the connection is as good as lost; never a dead thread
                 if not isinstance(exc, OSError):
                     log.error("reading the scheduler's messages failed: %s", type(exc).__name__)
@@ -218,7 +222,9 @@ BUSY_LOG_EVERY_S = 10.0  # while the scheduler is busy, say so this often
 RETRY_MAX_S = 2.0  # longest pause between two attempts to register
 
 
-def join(sched_host: str, sched_port: int, token: str, timeout_s: float) -> tuple[Channel, dict]:
+def join(
+    sched_host: str, sched_port: int, token: str, timeout_s: float, silence_s: float | None = None
+) -> tuple[Channel, dict]:
     """Connect and register, trying again while the scheduler is busy; the channel and first word.
 
     The scheduler tells a connection ``busy`` when too many handshakes are in
@@ -226,7 +232,8 @@ def join(sched_host: str, sched_port: int, token: str, timeout_s: float) -> tupl
     connection closed or broken before the scheduler's challenge. The worker
     then tries again, pausing up to :data:`RETRY_MAX_S`, until ``timeout_s``
     (``HVDKIT_SCHED_TIMEOUT``) has passed since it started. A refusal (wrong
-    token, not a registration) ends it at once.
+    token, not a registration) ends it at once. With ``silence_s`` the
+    channel is kept alive from the handshake on (:meth:`Channel.keep_alive`).
     """
     deadline = time.monotonic() + timeout_s
     attempts, pause, told, last = 0, 0.2, None, ""
@@ -234,7 +241,7 @@ def join(sched_host: str, sched_port: int, token: str, timeout_s: float) -> tupl
         ch = connect(sched_host, sched_port, max(deadline - time.monotonic(), 0.1))
         attempts += 1
         try:
-            return ch, _register(ch, token, sched_host, sched_port)
+            return ch, _register(ch, token, sched_host, sched_port, silence_s)
         except protocol.Busy as exc:
             ch.close()
             last = str(exc)
@@ -259,7 +266,9 @@ def join(sched_host: str, sched_port: int, token: str, timeout_s: float) -> tupl
         pause = min(pause * 2, RETRY_MAX_S)
 
 
-def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict:
+def _register(
+    ch: Channel, token: str, sched_host: str, sched_port: int, silence_s: float | None
+) -> dict:
     """The handshake, then the scheduler's first word (``assign`` or ``done``).
 
     Raises :class:`protocol.Busy` if no handshake started (try again), else
@@ -280,6 +289,8 @@ def _register(ch: Channel, token: str, sched_host: str, sched_port: int) -> dict
         raise
     except protocol.Refused as exc:
         _refused(where, str(exc))
+    if silence_s is not None:  # the scheduler may wait long for the others: say we are here
+        ch.keep_alive(silence_s)
     try:
         msg = ch.recv()
     except OSError as exc:

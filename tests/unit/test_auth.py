@@ -614,3 +614,46 @@ def test_rendezvous_bounds_slow_and_many_connections(guarded, monkeypatch):
         for h in held:
             h.close()
     assert wait_for(lambda: request(port, "GET", "/global/none")[0] == 404, 30)
+
+
+def _secured_pair() -> tuple[protocol.Channel, protocol.Channel]:
+    a, b = socket.socketpair()
+    one, two = protocol.Channel(a), protocol.Channel(b)
+    k1 = auth.derive_key(TOKEN, auth.SCHEDULER_TO_WORKER)
+    k2 = auth.derive_key(TOKEN, auth.WORKER_TO_SCHEDULER)
+    one.secure(k1, k2, "session")
+    two.secure(k2, k1, "session")
+    return one, two
+
+
+def test_keep_alives_are_skipped_and_a_silent_peer_ends_the_wait():
+    """A cut network closes no connection: a kept-alive channel notices the silence."""
+    sched, worker = _secured_pair()
+    try:
+        sched.keep_alive(silence_s=60, every_s=0.01)
+        assert wait_for(lambda: sched._sent >= 3, 60)  # keep-alives went out ...
+        sched.send(type="done", code=0)
+        # ... and the reader sees only the message (it never called keep_alive: no limit)
+        assert worker.recv(time.monotonic() + 60) == {"type": "done", "code": 0}
+        assert worker.dropped == 0
+        # The worker's side watches for silence too; the scheduler's keeps talking: a
+        # deadline before any message is a plain timeout, not a silent peer.
+        worker.keep_alive(silence_s=60, every_s=0.01)
+        with pytest.raises(TimeoutError) as info:
+            worker.recv(time.monotonic() + 0.2)
+        assert not isinstance(info.value, protocol.Silent)
+        # The scheduler stops talking (its machine froze): the worker's wait ends with
+        # Silent, an OSError (a lost connection to the code that reads), naming the peer.
+        sched._closed.set()
+        worker._silence_s = 0.3  # a short limit for the test
+        with pytest.raises(protocol.Silent, match=r"for 0\.3 s, not even a keep-alive"):
+            worker.recv(time.monotonic() + 60)  # skips the keep-alives sent before the stop
+        assert issubclass(protocol.Silent, OSError)
+    finally:
+        sched.close()
+        worker.close()
+
+
+def test_silence_limit_is_the_stall_timeout_but_never_below_the_floor():
+    assert protocol.silence_limit(120.0) == 120.0
+    assert protocol.silence_limit(8.0) == protocol.MIN_SILENCE_S == 10.0
