@@ -41,7 +41,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   exists (the preemption tests send SIGTERM meanwhile).
 * ``--step-sleep S``: every step sleeps S seconds after its update, so the
   steps after a hold take at least that long on any machine.
-* ``--faults JSON``: a list of ``{"step": s, "rank": r, "how": kill|stop|worker}``;
+* ``--faults JSON``: a list of ``{"step": s, "rank": r, "how": kill|stop|worker|cut}``
+  (``cut``: the rank sets its namespace's ``eth0`` down and trains on);
   each fires once in the whole job (a marker file ``OUTDIR/fault-<i>``
   decides, and then holds the fault with its time and round), inside step s,
   on the process that is rank r at that moment.
@@ -128,6 +129,11 @@ def kill_self(why: str, how: str = "kill") -> None:
     if how == "worker":  # the worker that started us (we die with it)
         os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(600)
+    if how == "cut":  # this host's network (a namespace's eth0) goes down; we go on
+        import subprocess
+
+        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
+        return
     os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
