@@ -1,32 +1,14 @@
-"""Chaos: three faults in one elastic job, which ends as a fault-free replay of its worlds.
+"""A worker's network is cut (namespaces): it is lost, and the others go on in-process.
 
-Four workers of the scheduler/worker launch over Gloo (``HVDKIT_ELASTIC=1``,
-``HVDKIT_MIN_WORKERS=2``) train tests/multiproc/ft_train.py ``--mode
-elastic`` (``model.fit`` inside ``@hvdkit.elastic.run``, a save every 5
-steps): 4 epochs of 192 samples, 4 per rank and step. Three faults, each at
-a fixed step on the process that is then rank 0 or 1 (``FAULTS``, one of
-each kind ``benchmarks/chaos.py`` draws at random):
+Host A runs the scheduler and two workers of an elastic job
+(``HVDKIT_ELASTIC=1``, ``HVDKIT_MIN_WORKERS=2``), host B one worker; B's link
+goes down at step 12. No connection closes: scheduler and worker each hear
+nothing, not even a keep-alive, for the silence limit (the stall timeout,
+at least 10 s) and count the other as lost; the two others go on in their
+processes from the last save and finish the job with every sample trained.
 
-* a SIGKILL of a rank: its worker lives and starts it again, and it joins
-  the running job as a newcomer;
-* a frozen rank (SIGSTOP): its worker stops it at the stall timeout (8 s),
-  then the same;
-* a lost worker (the worker and its rank SIGKILLed): the test starts a new
-  worker when the scheduler says so, and it joins.
-
-Each fault shrinks the world (the survivors go on in their processes from
-the last save) and each return grows it back at a commit boundary. The job
-must finish by itself (scheduler exit 0), and its schedule of world sizes,
-read from the scheduler's lines (``round r: n ranks train again from step
-s``), is replayed without faults: one job per world, each from the
-checkpoint the one before stopped at. The final weights must be equal bit
-for bit, every sample of every epoch trained, and the multiset of trained
-sample ids per epoch equal to the replay's: pad mode's repeats at a resize
-(fewer than the new world size each) and no others.
-
-A second test cuts one worker's network (namespaces): a worker that says
-nothing, not even a keep-alive, for the silence limit is lost, and the
-others go on in-process.
+The chaos test with three faults in one job is tests/chaos_three_faults.py
+(not in the CI gate; its docstring says why).
 
 No test bounds wall-clock time: the waits' deadlines only turn a hang into a
 failure.
@@ -34,8 +16,6 @@ failure.
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 import re
 import subprocess
@@ -50,101 +30,11 @@ from test_elastic_mp import (
     WORKERS_SH,
     Job,
     final_weights,
-    records,
-    start_job,
     trained_ids,
 )
 from test_launch_mp import namespace_pair, sched_env
 
 from conftest import launcher_env, needs_netns
-
-SAMPLES, EPOCHS, WORKERS = 192, 4, 4  # 12 steps per epoch on 4 workers
-FAULTS = [  # the lost worker first: its replacement joins with 40 steps to go
-    {"step": 8, "rank": 1, "how": "worker"},
-    {"step": 24, "rank": 0, "how": "kill"},
-    {"step": 40, "rank": 1, "how": "stop"},
-]
-AGAIN = re.compile(r"round (\d+): (\d+) ranks train again from step (\d+)")
-
-
-def test_three_faults_and_returns_end_as_a_fault_free_replay_of_the_same_worlds(tmp_path):
-    job, out = start_job(
-        tmp_path / "chaos",
-        "--faults",
-        json.dumps(FAULTS),
-        "--step-sleep",
-        "0.2",
-        workers=WORKERS,
-        samples=SAMPLES,
-        epochs=EPOCHS,
-        HVDKIT_ELASTIC="1",
-        HVDKIT_MAX_RESTARTS="3",  # a worker whose program died starts it again
-        HVDKIT_STALL_TIMEOUT="8",  # the frozen rank's worker stops it after this
-    )
-    job.wait_for("scheduler", "lost its worker")  # the lost worker is replaced
-    job.start("new", [WORKERS_SH, "1", *job.train])
-    result = job.finish()
-    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
-    sched = result["scheduler"][1]
-    assert result["scheduler"][0] == 0, report
-    fired = sorted(json.loads((out / f"fault-{i}").read_text())["how"] for i in range(3))
-    assert fired == ["kill", "stop", "worker"], report
-    losses = [ln for ln in sched.splitlines() if "workers go on in-process as round" in ln]
-    assert len(losses) == 3, report
-    assert sum("killed by signal 9" in ln for ln in losses) == 1, losses
-    assert sum("stalled: no heartbeat" in ln for ln in losses) == 1, losses
-    assert sum("lost its worker" in ln for ln in losses) == 1, losses
-    # The replacement of the lost worker joined and trained to the end; the killed rank
-    # comes back (the frozen one may find the job over: it is stopped 8 s after step 40).
-    assert result["new"][0] == 0 and "is ready for round" in result["new"][1], report
-    assert sched.count("joins again with a new program") >= 1, report
-
-    # The schedule of world sizes, (first step, ranks) per world that trained: 4 at first,
-    # one fewer after each fault, one more after each return (the order depends on speed).
-    changes = {int(r): (int(s), int(n)) for r, n, s in AGAIN.findall(sched)}
-    schedule = [(0, WORKERS)] + [changes[r] for r in sorted(changes)]
-    assert len(schedule) >= 5 and {n for _, n in schedule} <= {2, 3, 4}, (schedule, report)
-    starts = [s for s, _ in schedule]
-    assert starts == sorted(starts), schedule  # no world went back before an earlier one
-
-    # The replay: the same worlds without faults, each from the previous one's checkpoint.
-    ckpt = tmp_path / "ref-ckpt"
-    ends = [*schedule[1:], (None, 0)]
-    parts = [(s, n, nxt) for (s, n), (nxt, _) in zip(schedule, ends, strict=True)]
-    finals = []
-    for i, (start, size, stop) in enumerate(parts):
-        if stop == start:
-            continue  # a world that trained no step before the next one formed
-        extra = ["--ckpt", str(ckpt)] + ([] if stop is None else ["--stop-at", str(stop)])
-        ref, ref_out = start_job(
-            tmp_path / f"ref{i}",
-            *extra,
-            workers=size,
-            samples=SAMPLES,
-            epochs=EPOCHS,
-            HVDKIT_MIN_WORKERS=str(size),
-        )
-        done = ref.finish()
-        assert done["scheduler"][0] == 0, (i, schedule, done["scheduler"][1][-3000:])
-        assert records(ref_out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
-        finals.append(ref_out)
-
-    weights = final_weights(out) + final_weights(finals[-1])
-    assert len(weights) == 2 * WORKERS, len(weights)
-    for w in weights[1:]:
-        np.testing.assert_array_equal(w, weights[0])
-    ref_ids: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for ref_out in finals:
-        for epoch, counts in trained_ids(ref_out).items():
-            ref_ids[epoch] += counts
-    ids = trained_ids(out)
-    assert sorted(ids) == sorted(ref_ids) == list(range(EPOCHS))
-    resizes = len(schedule) - 1
-    for epoch, counts in ids.items():
-        assert set(counts) == set(range(SAMPLES)), (epoch, set(range(SAMPLES)) - set(counts))
-        assert counts == ref_ids[epoch], (epoch, schedule, counts, ref_ids[epoch])
-        # pad mode's repeats: fewer than the new world size at each resize in this epoch
-        assert sum(counts.values()) - SAMPLES < WORKERS * resizes, (epoch, counts)
 
 
 @needs_netns("a worker's network cut (namespaces)")
