@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["thread_ids", "started_since", "favour", "unfavour", "policy_of"]
+__all__ = ["thread_ids", "started_since", "favour", "unfavour"]
 
 PRIORITY = 1  # the lowest real-time priority: ahead of every normal thread, behind any other
 _TASKS = Path("/proc/self/task")
@@ -96,8 +96,3 @@ def unfavour(tids) -> None:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except (ProcessLookupError, PermissionError):
             continue
-
-
-def policy_of(tid: int) -> int:
-    """The scheduling policy of thread ``tid`` (``os.SCHED_OTHER``, ``os.SCHED_RR``, ...)."""
-    return os.sched_getscheduler(tid)

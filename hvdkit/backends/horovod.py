@@ -91,13 +91,13 @@ class HorovodBackend(Backend):
                 f"importable ({_IMPORT_ERROR}). Build it with `scripts/install.sh`, or run "
                 "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
             )
-        config.comm_priority()  # a bad value is refused before the job starts
+        favour = config.comm_priority()  # a bad value is refused before the job starts
         before = _threads.thread_ids()
         hvd.init()
         # Horovod's background thread and Gloo's socket loop, started by init
         self.comm_threads = _threads.started_since(before)
         self.comm_priority = "off"
-        if config.comm_priority():
+        if favour:
             if self.transport() == "gloo":
                 self.comm_priority = _threads.favour(self.comm_threads)
             else:  # a polling real-time thread would starve the backward pass

@@ -203,7 +203,8 @@ class Channel:
         the first line, which can only end the conversation.
 
         After :meth:`keep_alive`, keep-alives are skipped, and a peer silent
-        for the silence limit raises :class:`Silent` (before ``deadline``).
+        for the silence limit raises :class:`Silent` (before ``deadline``) and
+        closes the channel: if the network comes back, the peer learns it is out.
         """
         silent_at = None if self._silence_s is None else time.monotonic() + self._silence_s
         while True:
@@ -212,6 +213,7 @@ class Channel:
                 line = self.recv_line(until)
             except TimeoutError:
                 if silent_at is not None and until == silent_at:
+                    self.close()
                     raise Silent(
                         f"nothing from {auth.where(self.peer)} for {self._silence_s:g} s, "
                         "not even a keep-alive"

@@ -674,14 +674,13 @@ class Scheduler:
         return f"lost its worker ({reg.describe()}) without an exit report"
 
     def _listen(self, reg: Registration) -> None:
+        lost = None  # why the worker is lost, if not "without an exit report"
         while True:
-            lost = self._lost(reg)
             try:
                 msg = reg.channel.recv()
             except protocol.Silent:
                 lost = f"lost its worker ({reg.describe()}): no word for {self.silence_s:g} s"
                 log.warning("%s, not even a keep-alive: its machine or network may be down", lost)
-                reg.channel.close()  # if the network comes back, the worker learns it is out
                 msg = None
             except Exception as exc:  # the worker is as good as lost; never a dead thread
                 if not isinstance(exc, OSError):
@@ -689,7 +688,7 @@ class Scheduler:
                 msg = None
             if msg is None:
                 reg.gone = True
-                self.events.put((reg, None, -1, lost, []))
+                self.events.put((reg, None, -1, lost or self._lost(reg), []))
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))

@@ -172,7 +172,6 @@ class _Inbox:
                 msg = ch.recv()
             except protocol.Silent as exc:
                 log.error("%s: its machine or network may be down; stopping", exc)
-                ch.close()
                 msg = None
             except Exception as exc:  # the connection is as good as lost; never a dead thread
                 if not isinstance(exc, OSError):

@@ -305,7 +305,7 @@ with c.check("horovod_threads_on_the_normal_policy_by_default"):
     alive = _threads.thread_ids()
     assert backend.comm_priority == "off", backend.comm_priority
     assert [t for t in backend.comm_threads if t in alive], backend.comm_threads
-    assert {_threads.policy_of(t) for t in alive} == {os.SCHED_OTHER}
+    assert {os.sched_getscheduler(t) for t in alive} == {os.SCHED_OTHER}
 
 with c.check("step_check_raises_on_every_rank_with_buckets"):
     # last: a rank one step ahead makes every rank raise, whatever the bucket

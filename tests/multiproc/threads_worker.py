@@ -32,8 +32,8 @@ with c.check("policies_of_horovods_threads"):
     comm = [t for t in backend.comm_threads if t in alive]
     assert comm and threading.get_native_id() not in comm, (comm, backend.comm_threads)
     others = alive - set(comm)
-    assert {_threads.policy_of(t) for t in others} == {os.SCHED_OTHER}, others
-    policies = {_threads.policy_of(t) for t in comm}
+    assert {os.sched_getscheduler(t) for t in others} == {os.SCHED_OTHER}, others
+    policies = {os.sched_getscheduler(t) for t in comm}
     if hvd.mpi_enabled():
         assert policies == {os.SCHED_OTHER}, policies
         assert backend.comm_priority.startswith("off under MPI"), backend.comm_priority

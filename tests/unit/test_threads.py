@@ -62,12 +62,12 @@ def test_favour_gives_sched_rr_and_unfavour_takes_it_back():
     with Parked() as comm, Parked() as bystander:
         said = _threads.favour([comm.tid])
         assert said == "SCHED_RR priority 1 for 1 of Horovod's threads"
-        assert _threads.policy_of(comm.tid) == os.SCHED_RR
+        assert os.sched_getscheduler(comm.tid) == os.SCHED_RR
         assert os.sched_getparam(comm.tid).sched_priority == _threads.PRIORITY
-        assert _threads.policy_of(bystander.tid) == os.SCHED_OTHER
-        assert _threads.policy_of(threading.get_native_id()) == os.SCHED_OTHER
+        assert os.sched_getscheduler(bystander.tid) == os.SCHED_OTHER
+        assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
         _threads.unfavour([comm.tid])
-        assert _threads.policy_of(comm.tid) == os.SCHED_OTHER
+        assert os.sched_getscheduler(comm.tid) == os.SCHED_OTHER
 
 
 def test_threads_that_ended_are_skipped(monkeypatch):
