@@ -1,7 +1,7 @@
 """How a rank and its worker agree on the next world of an elastic job (files, one folder).
 
 The worker makes a mode-700 folder for its rank (``HVDKIT_ELASTIC_DIR``).
-Three files pass through it, each written whole (a rename) by one side:
+Its files pass through it, each written whole (a rename) by one side:
 
 * ``assign.json`` (worker -> rank): ``{"round": r, "env": {...}}``, the
   Horovod settings of the rank in the job's round ``r``;
@@ -11,7 +11,10 @@ Three files pass through it, each written whole (a rename) by one side:
   scheduler's word): start Horovod now;
 * ``resumed`` (rank 0 -> its worker): ``r s``, round ``r`` trains again from
   step ``s`` (after the roll-back); the scheduler prints it with the
-  membership change.
+  membership change;
+* ``finished`` (rank -> worker): ``r``, the rank's training function
+  returned in round ``r`` (:func:`hvdkit.elastic.run`): it will not meet
+  another world, so the scheduler takes no newcomer from then on.
 
 Gloo gives a rendezvous the same few seconds as any other operation
 (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 2 s in elastic jobs), and ranks notice a
@@ -28,7 +31,7 @@ import time
 
 from . import config
 
-ASSIGN, READY, GO, RESUMED = "assign.json", "ready", "go", "resumed"
+ASSIGN, READY, GO, RESUMED, FINISHED = "assign.json", "ready", "go", "resumed", "finished"
 POLL_S = 0.02
 
 
@@ -42,7 +45,7 @@ def write(folder: str, name: str, text: str) -> None:
 
 
 def read_round(folder: str, name: str) -> int | None:
-    """The round in ``ready`` or ``go``; None if absent or unreadable."""
+    """The round in ``ready``, ``go`` or ``finished``; None if absent or unreadable."""
     try:
         with open(os.path.join(folder, name)) as f:
             return int(f.read().strip())

@@ -19,7 +19,11 @@ scheduler gives the others the bigger world; they agree on a step (the
 preemption check's exchange carries the flag), commit it in memory, raise
 :class:`Regroup` there, and :func:`run` takes them into the new world as
 above, from that step (nothing is trained again). The newcomer's
-``restore()`` receives the state from the new rank 0.
+``restore()`` receives the state from the new rank 0. Once the training
+function has returned on a rank, the job takes no newcomer: a worker that is
+ready to join then is sent away ("the job finished training") and ends with
+the job's status, while the ranks run whatever the script does after
+training (an evaluation, a save) in their world.
 
 Gloo only: Open MPI cannot admit a process set change within a job, so an
 ``--mpi`` job (``hvdkitrun``) restarts as before (``--max-restarts``).
@@ -111,13 +115,16 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.restore()
         while True:
             try:
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
             except Regroup as exc:
                 _recover(state, exc)
             except Exception as exc:
                 if not enabled() or not _peer_lost(exc):
                     raise
                 _recover(state, exc)
+            else:
+                _say_finished()
+                return result
 
     return wrapper
 
@@ -151,6 +158,13 @@ def join_waiting() -> bool:
         return False
     body = _meeting.read_assignment(folder)
     return body is not None and body["round"] > config.restart_count()
+
+
+def _say_finished() -> None:
+    """Tell this rank's worker that training is over: it must not be taken into a new world."""
+    folder = config.get(config.ELASTIC_DIR)
+    if folder:
+        _meeting.write(folder, _meeting.FINISHED, str(config.restart_count()))
 
 
 def _peer_lost(exc: BaseException) -> bool:

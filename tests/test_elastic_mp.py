@@ -185,6 +185,17 @@ def final_weights(out: Path) -> list[np.ndarray]:
     return [np.asarray(json.loads(p.read_text())["weights"]) for p in sorted(out.glob("result-*"))]
 
 
+def ended_0_but_the_lost_worker(job: Job) -> tuple[dict[str, tuple[int, str]], str]:
+    """Wait for the job; check that it and every worker but rank 2's (lost) ended 0."""
+    result = job.finish()
+    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
+    assert result["scheduler"][0] == 0, report
+    codes = {n: c for n, (c, _) in result.items() if n != "scheduler"}
+    lost = [n for n in codes if n.startswith("worker") and "rank 2 of 3 " in job.lines[n][0]]
+    assert [n for n, c in codes.items() if c != 0] == lost, report
+    return result, report
+
+
 def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_cut_in_parts(
     tmp_path,
 ):
@@ -201,14 +212,8 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
             f"worker{survivor(job, rank)}", f"goes on in-process as rank {rank} of 3 (round 2)"
         )
     release.touch()  # the survivors, held in step HOLD, go on to a commit boundary
-    elastic = job.finish()
-    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in elastic.items())
-
     # The job ends by itself; the two survivors' processes and the newcomer finished it.
-    assert elastic["scheduler"][0] == 0, report
-    codes = {n: c for n, (c, _) in elastic.items() if n != "scheduler"}
-    lost = [n for n in codes if n.startswith("worker") and "rank 2 of 3 " in job.lines[n][0]]
-    assert [n for n, c in codes.items() if c != 0] == lost, report
+    elastic, report = ended_0_but_the_lost_worker(job)
     sched = elastic["scheduler"][1]
     said = [ln for ln in sched.splitlines() if "workers go on in-process as" in ln]
     assert len(said) == 1 and "2 of 3 workers go on in-process as round 1" in said[0], report
@@ -282,3 +287,43 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
         assert set(counts) == set(range(SAMPLES)), (epoch, counts)
         assert sum(counts.values()) == SAMPLES + repeats, (epoch, cursor, counts)
         assert counts == ref_ids[epoch], (epoch, counts, ref_ids[epoch])
+
+
+def test_a_worker_ready_to_join_only_after_training_ended_is_sent_away_and_the_job_ends_0(
+    tmp_path,
+):
+    """The end-of-job race: a newcomer that would meet the survivors only once their
+    training function has returned (they run the script's code after training: here
+    they linger until the test says so). It must be sent away, not waited for: the
+    job ends 0, its worker too, and nobody waits out a timeout."""
+    release, never, linger = tmp_path / "release", tmp_path / "never", tmp_path / "linger"
+    crash = ["--crash-at", str(CRASH), "--crash-rank", "2", "--crash-how", "worker"]
+    order = ["--hold", str(HOLD), "--hold-until", str(release), "--join-until", str(never)]
+    job, out = start_job(
+        tmp_path / "job", *crash, *order, "--linger-until", str(linger), HVDKIT_ELASTIC="1"
+    )
+    job.wait_for("scheduler", "go on in-process")
+    job.start("newcomer", [WORKERS_SH, "1", *job.train])
+    job.wait_for("scheduler", "(growing round 2)")  # its program waits for `never`
+    release.touch()  # the survivors train to the end of the job
+    job.wait_for("scheduler", "sent away (the job finished training)")
+    for rank in (0, 1):
+        job.wait_for(f"worker{survivor(job, rank)}", "finished training (round 1)")
+    linger.touch()
+    result, report = ended_0_but_the_lost_worker(job)
+    sched, newcomer = result["scheduler"][1], result["newcomer"][1]
+    assert sched.count("finished training: the job takes no newcomer now") == 1, report
+    # offered a place in round 2, which never formed: round 1's world trained to the end
+    assert sched.count(" joins: 3 of 3 workers as round 2") == 1, report
+    assert "round 1: 2 ranks train again from step" in sched and "round 2:" not in sched, report
+    assert "could not join the job: the job finished training" in newcomer, report
+    assert "is ready for round" not in newcomer, report
+    results = sorted(p.name for p in out.glob("result-*"))
+    assert results == ["result-a0-r0.json", "result-a0-r1.json"], results
+    weights = final_weights(out)
+    np.testing.assert_array_equal(weights[0], weights[1])
+    steps = {json.loads(p.read_text())["final_step"] for p in out.glob("result-*")}
+    # 10 steps of 12 samples, then 2 ranks of 4 over the rest of 3 epochs of 96
+    assert steps == {LAST_SAVE + (EPOCHS * SAMPLES - 12 * LAST_SAVE) // 8}, steps
+    for epoch, counts in trained_ids(out).items():
+        assert set(counts) == set(range(SAMPLES)), (epoch, counts)

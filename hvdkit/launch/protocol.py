@@ -41,6 +41,10 @@ PROTOCOL_VERSION = 2
 ALIVE = "alive"  # a keep-alive message: recv() skips it; it proves the peer is there
 ALIVE_EVERY_S = 1.0  # how often each end of a kept-alive channel sends one
 MIN_SILENCE_S = 10.0  # the shortest silence that counts a peer as lost (a loaded machine)
+# A worker's word about its program in an elastic job, besides its exit report.
+READY = "ready"  # the program is about to meet the other ranks of round "round"
+RESUMED = "resumed"  # rank 0 trains again in round "round", from step "step"
+FINISHED = "finished"  # the program's training function returned: it meets no new world
 TOO_LONG = b"\x00too long"  # what recv_line returns for a line over its bound (not JSON)
 
 # Why the scheduler refuses a connection: the fixed kinds its refusal log counts.

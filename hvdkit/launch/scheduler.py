@@ -35,7 +35,7 @@ from ..errors import LaunchError
 from . import protocol
 from .failures import root_cause
 from .heartbeat import STUCK, stall_timeout
-from .protocol import Channel
+from .protocol import FINISHED, READY, RESUMED, Channel
 from .restart import RestartBudget, resume_step
 
 log = logging.getLogger("hvdkit.scheduler")
@@ -43,8 +43,6 @@ FAILURE_GRACE_S = 3.0
 SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
 ABORT_WAIT_S = 30.0
 DEFAULT_REPLACE_TIMEOUT_S = 10.0
-READY = "ready"  # an event's code: a joining worker's program is about to meet the others
-RESUMED = "resumed"  # an event's code: rank 0 trains again, from the step in the detail
 
 
 @dataclass(eq=False)
@@ -173,8 +171,11 @@ class Scheduler:
                 "use this port: choose another HVDKIT_SCHED_PORT (and give it to the workers)."
             ) from None
         self.sock.listen(64)
-        # (registration, round or None if the connection was lost, code, detail, tail)
+        # (registration, round or None if the connection was lost, code, detail, tail);
+        # code is an exit status, or protocol.READY, RESUMED or FINISHED (not an exit)
         self.events: queue.Queue = queue.Queue()
+        # elastic: a rank's training function returned; the job takes no newcomer now
+        self._finishing = False
         self._round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
         self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
         # round -> rank -> what it was doing, as workers answered a "describe"
@@ -336,6 +337,7 @@ class Scheduler:
             checkpoints = resume_step(config.get(config.CHECKPOINT_DIR))
             log.warning("%s", self.budget.restart_line("scheduler", checkpoints))
             time.sleep(delay)
+            self._finishing = False  # the restarted programs train again
             try:
                 regs = self._gather([r for r in regs if not r.gone])
             except LaunchError as exc:
@@ -522,7 +524,7 @@ class Scheduler:
                 preempt_sent = True
             if waiting and time.monotonic() > ready_by:
                 return self._without(remaining, newcomers, "its program was not ready in time")
-            if not later and not meet and not failures and not preempt_sent:
+            if not (later or meet or failures or preempt_sent or self._finishing):
                 # (after the go: a round whose ranks have met, and trained, takes newcomers)
                 grown = self._grow(remaining)
                 if grown is not None:
@@ -537,6 +539,10 @@ class Scheduler:
             if code == RESUMED:  # also of an earlier round: a newcomer may come first
                 ranks = self._round_sizes.get(rnd, "?")
                 log.info("round %d: %s ranks train again from step %s", rnd, ranks, detail)
+                continue
+            if code == FINISHED:  # of this round or the one before (a growing round)
+                if reg in remaining and self._training_over(reg.rank, remaining, newcomers):
+                    newcomers, waiting, later, meet = set(), set(), {}, False
                 continue
             if reg not in remaining or (rnd is not None and rnd != reg.round):
                 continue  # a late report of an earlier round
@@ -562,8 +568,9 @@ class Scheduler:
                     return self._without(remaining, newcomers, f"rank {rank} {detail}")
                 if code != 0:  # a survivor died: regroup the others, without newcomers
                     return self._without(remaining, newcomers, "a survivor was lost meanwhile")
-                self._send_away(remaining, newcomers, "the job is finishing")
-                newcomers, waiting, later = set(), set(), {}
+            if code == 0 and reg not in newcomers:  # (its worker may not have said "finished")
+                if self._training_over(rank, remaining, newcomers):
+                    newcomers, waiting, later, meet = set(), set(), {}, False
             if code == config.EXIT_PREEMPTED:
                 preempted = preempted or detail
                 continue
@@ -572,7 +579,11 @@ class Scheduler:
                     exited_ok.append(rank)
                 continue
             failures[rank] = (detail, tail)
-            if self.elastic and len(remaining) >= self.min_workers and not preempt_sent:
+            if (
+                self.elastic
+                and len(remaining) >= self.min_workers
+                and not (preempt_sent or self._finishing)
+            ):
                 # The others' programs notice the dead peer (Gloo's timeout) and
                 # wait for their next assignment: no abort, no restart.
                 return RoundResult(rank, detail, tuple(tail), survivors=list(remaining))
@@ -611,7 +622,7 @@ class Scheduler:
                 reg, rnd, code, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if code in (READY, RESUMED):  # not an exit report
+            if code in (READY, RESUMED, FINISHED):  # not an exit report
                 continue
             if reg in remaining and (rnd is None or rnd == round_):
                 remaining.pop(reg)
@@ -623,6 +634,22 @@ class Scheduler:
                 r.gone = True
                 r.channel.close()
         return RoundResult(culprit, detail, tuple(tail))
+
+    def _training_over(self, rank: int, remaining: dict, newcomers: set) -> bool:
+        """``rank`` finished training: the job takes no newcomer from now on.
+
+        Newcomers of this round still waiting to meet are sent away (they
+        would wait for a world that never forms) and the others run to their
+        end in the world they have; True if there were any.
+        """
+        if not self._finishing:
+            self._finishing = True
+            if self.elastic:
+                log.info("rank %d finished training: the job takes no newcomer now", rank)
+        if not newcomers & remaining.keys():
+            return False
+        self._send_away(remaining, newcomers, "the job finished training")
+        return True
 
     def _grow(self, remaining: dict) -> RoundResult | None:
         """Elastic and short of workers: a registered newcomer makes the next round bigger."""
@@ -652,7 +679,7 @@ class Scheduler:
 
     @staticmethod
     def _send_away(remaining: dict, newcomers: set, why: str) -> None:
-        log.error("the joining workers are sent away (%s)", why)
+        log.warning("the joining workers are sent away (%s)", why)
         for r in newcomers:
             if remaining.pop(r, None) is not None:
                 r.send(type="abort", round=r.round, reason=f"could not join the job: {why}")
@@ -692,8 +719,8 @@ class Scheduler:
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))
-            elif msg.get("type") == READY and isinstance(msg.get("round"), int):
-                self.events.put((reg, msg["round"], READY, "", []))
+            elif msg.get("type") in (READY, FINISHED) and isinstance(msg.get("round"), int):
+                self.events.put((reg, msg["round"], msg["type"], "", []))
             elif msg.get("type") == RESUMED and all(
                 isinstance(msg.get(k), int) and not isinstance(msg.get(k), bool)
                 for k in ("round", "step")

@@ -351,6 +351,7 @@ class _ElasticHandover:
         self._first_rank = assign["rank"]
         self._said_ready = -1
         self._said_resumed = -1
+        self.finished: int | None = None  # the round our program finished training in
 
     def newly_resumed(self) -> tuple[int, int] | None:
         """``(round, step)`` our program (rank 0) newly trains again from, or None."""
@@ -367,6 +368,13 @@ class _ElasticHandover:
             return None
         self._said_ready = round_
         return round_
+
+    def newly_finished(self) -> int | None:
+        """The round our program finished training in, when it newly says so; else None."""
+        if self.finished is not None:
+            return None
+        self.finished = _meeting.read_round(self.folder, _meeting.FINISHED)
+        return self.finished
 
     def go(self, round_: int) -> None:
         """Every rank of ``round_`` is ready: our program may start Horovod."""
@@ -440,15 +448,22 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
         ready = elastic.newly_ready() if elastic is not None else None
         if ready is not None:
             log.info("rank %d is ready for round %d", rank, ready)
-            _send(ch, type="ready", round=ready)
+            _send(ch, type=protocol.READY, round=ready)
         resumed = elastic.newly_resumed() if elastic is not None else None
         if resumed is not None:
-            _send(ch, type="resumed", round=resumed[0], step=resumed[1])
+            _send(ch, type=protocol.RESUMED, round=resumed[0], step=resumed[1])
+        finished = elastic.newly_finished() if elastic is not None else None
+        if finished is not None:
+            log.info("rank %d finished training (round %d)", rank, finished)
+            _send(ch, type=protocol.FINISHED, round=finished)
         while running.go:
             elastic.go(running.go.pop(0))
-        while running.reassign:  # the job lost a worker: our program goes on, renumbered
+        while running.reassign:  # the job lost or gained a worker: our program goes on
             new = running.reassign.pop(0)
-            running.number = int(new["round"])
+            running.number = int(new["round"])  # its exit is reported as of this round
+            if elastic.finished is not None:  # it will not read it: no new world for it
+                log.info("rank %d finished training: it stays out of round %d", rank, new["round"])
+                continue
             monitor.forget()
             elastic.hand_over(new, horovod_env(new, sched_host, iface))
         others = [s for s in signals if s != "SIGTERM"]

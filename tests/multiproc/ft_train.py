@@ -15,6 +15,7 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
         [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
         [--step-sleep S] [--stop-at STEP [--stop-attempt A]] [--faults JSON]
+        [--join-until FILE] [--linger-until FILE]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -46,6 +47,12 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   each fires once in the whole job (a marker file ``OUTDIR/fault-<i>``
   decides, and then holds the fault with its time and round), inside step s,
   on the process that is rank r at that moment.
+* ``--join-until FILE``: a program that joins a running elastic job (its
+  worker set ``HVDKIT_ELASTIC_JOIN``) waits for FILE before ``hvdkit.init()``,
+  so it is not ready to meet the others until the test says so.
+* ``--linger-until FILE``: after training (the elastic function returned),
+  every rank waits for FILE before it ends, as a script's evaluation or
+  final save would keep it.
 * ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
   after step STEP every rank makes sure it is saved (rank 0 writes it), waits
   for the others, and exits 0 without a result file: the first half of a run
@@ -106,10 +113,24 @@ def parse_args(argv):
     p.add_argument("--stop-at", type=int, default=None)
     p.add_argument("--faults", type=json.loads, default=[])
     p.add_argument("--stop-attempt", type=int, default=0)
+    p.add_argument("--join-until", default=None)
+    p.add_argument("--linger-until", default=None)
     return p.parse_args(argv)
 
 
+def wait_for_file(path, limit_s=600.0):
+    """Until ``path`` exists; a test that never makes it fails here, it does not hang."""
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            print(f"ft_train: {path} did not appear within {limit_s:g} s", flush=True)
+            os._exit(3)
+        time.sleep(0.1)
+
+
 ARGS = parse_args(sys.argv[1:])
+if ARGS.join_until and os.environ.get("HVDKIT_ELASTIC_JOIN"):
+    wait_for_file(ARGS.join_until)
 hvdkit.init()
 RANK, SIZE = hvdkit.rank(), hvdkit.size()
 ATTEMPT = (
@@ -365,6 +386,9 @@ if ARGS.mode == "elastic":
     train_elastic(ckpt)
 else:
     train_epochs(ARGS.mode)
+if ARGS.linger_until:
+    print(f"[rank {RANK}] ft_train: trained; lingers", flush=True)
+    wait_for_file(ARGS.linger_until)
 
 IDS.close()
 flat = np.concatenate(

@@ -369,3 +369,115 @@ def test_a_scheduler_listens_again_on_the_port_a_finished_job_used():
     with pytest.raises(LaunchError, match=f"cannot listen on 127.0.0.1:{port}: Address already"):
         _scheduler(port)
     again.sock.close()
+
+
+# ------------------------------------------------------- an elastic job's end (scheduler)
+
+
+class _Wire:
+    """A worker's end of the scheduler's channel: what the scheduler sent it."""
+
+    def __init__(self):
+        self.sent: list[dict] = []
+
+    def send(self, **msg):
+        self.sent.append(msg)
+
+
+def _workers(*rounds: int) -> list:
+    from hvdkit.launch.scheduler import Registration
+
+    return [
+        Registration(_Wire(), "127.0.0.1", "vm", 100 + i, rank=i, round=r)
+        for i, r in enumerate(rounds)
+    ]
+
+
+def _watch_events(sched, regs, round_, later, meet, events):
+    """Run the scheduler's watch of one round over ``events``, given in the order they came.
+
+    The watch runs on a thread: a watch that never ends (the bug these
+    tests are about) fails the test at a deadline instead of hanging it.
+    """
+    import threading
+
+    from hvdkit.launch.scheduler import READY
+
+    for reg, rnd, code in events:
+        sched.events.put((reg, rnd, code, "" if code == READY else f"exit code {code}", []))
+    out = []
+    watch = threading.Thread(
+        target=lambda: out.append(sched._watch(regs, round_, later, meet)), daemon=True
+    )
+    watch.start()
+    watch.join(timeout=120)
+    assert out, f"the round never ended; sent: {[r.channel.sent for r in regs]}"
+    return out[0]
+
+
+def _elastic_scheduler():
+    from hvdkit.launch.scheduler import Scheduler
+
+    sched = Scheduler("127.0.0.1", 0, 3, "token-" + "x" * 20, 60.0, min_workers=2, elastic=True)
+    sched.sock.close()
+    return sched
+
+
+def _kinds(reg) -> list[str]:
+    return [m["type"] for m in reg.channel.sent]
+
+
+@pytest.mark.parametrize("said_finished", [True, False])
+def test_a_newcomer_ready_as_the_survivors_finish_training_is_sent_away(said_finished):
+    """The end-of-job race of the chaos test: the newcomer's program became ready, the
+    survivors were told the bigger world, but their training function had returned: they
+    never meet it. Whether the survivors' workers said "finished" first or only their exit
+    0 comes, the newcomer is sent away and the round ends with the survivors' exits."""
+    from hvdkit.launch.scheduler import FINISHED, READY
+
+    a, b, c = _workers(5, 5, 6)  # a, b: survivors of round 5; c joins in round 6
+    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    sched = _elastic_scheduler()
+    sched.newcomers.put(_workers(6)[0])  # another one registers meanwhile
+    finished = [(a, 5, FINISHED)] if said_finished else []
+    events = [(c, 6, READY), *finished, (a, 6, 0), (b, 6, 0)]
+    result = _watch_events(sched, [a, b, c], 6, later, True, events)
+    assert (result.culprit, result.survivors, result.joining) == (None, None, None)
+    assert _kinds(a) == _kinds(b) == ["assign"]  # the bigger world was offered; no "go"
+    assert c.channel.sent == [
+        {"type": "abort", "round": 6, "reason": "could not join the job: the job finished training"}
+    ]
+    assert sched.newcomers.qsize() == 1  # no growing round after the end of training
+
+
+def test_survivors_that_finish_before_the_newcomer_is_ready_never_hear_of_the_bigger_world():
+    from hvdkit.launch.scheduler import FINISHED, READY
+
+    a, b, c = _workers(5, 5, 6)
+    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    sched = _elastic_scheduler()
+    events = [(b, 5, FINISHED), (c, 6, READY), (a, 5, 0), (b, 5, 0)]
+    result = _watch_events(sched, [a, b, c], 6, later, True, events)
+    assert (result.culprit, result.survivors) == (None, None)
+    assert a.channel.sent == b.channel.sent == []  # still in round 5, to their end
+    assert _kinds(c) == ["abort"]
+
+
+def test_a_failure_after_the_end_of_training_is_not_recovered_in_process():
+    """Ranks whose training function returned will not meet a new world: a rank failing
+    now (in the script's code after training) fails the round, as without elastic."""
+    from hvdkit.launch.scheduler import FINISHED
+
+    a, b, c = _workers(7, 7, 7)
+    sched = _elastic_scheduler()
+    events = [(a, 7, FINISHED), (b, 7, 1), (c, 7, 0), (a, 7, 0)]
+    result = _watch_events(sched, [a, b, c], 7, {}, False, events)
+    assert result.culprit == 1 and result.survivors is None
+
+
+def test_before_the_end_of_training_a_failure_is_recovered_in_process():
+    """The control of the test above: the same failure without "finished"."""
+    a, b, c = _workers(7, 7, 7)
+    sched = _elastic_scheduler()
+    result = _watch_events(sched, [a, b, c], 7, {}, False, [(b, 7, 1)])
+    assert result.culprit == 1 and result.survivors == [a, c]
