@@ -559,7 +559,7 @@ class Scheduler:
                 if meet and not meeting:  # every rank is ready: start Horovod together
                     for r in remaining:
                         r.send(type="go", round=round_)
-                    meet = False
+                    meet, newcomers = False, set()  # members like the others from now on
                 continue
             rank = remaining.pop(reg)
             if later:  # the survivors were not told yet: they still train in their world

@@ -463,6 +463,21 @@ def test_survivors_that_finish_before_the_newcomer_is_ready_never_hear_of_the_bi
     assert _kinds(c) == ["abort"]
 
 
+def test_a_newcomer_that_met_the_others_finishes_with_them():
+    """Once every rank of a growing round met, the newcomer is a rank like the others:
+    the end of training sends nobody away."""
+    from hvdkit.launch.scheduler import FINISHED, READY
+
+    a, b, c = _workers(5, 5, 6)
+    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    sched = _elastic_scheduler()
+    ready = [(c, 6, READY), (a, 6, READY), (b, 6, READY)]
+    events = [*ready, (b, 6, FINISHED), (a, 6, 0), (b, 6, 0), (c, 6, 0)]
+    result = _watch_events(sched, [a, b, c], 6, later, True, events)
+    assert (result.culprit, result.survivors) == (None, None)
+    assert _kinds(a) == _kinds(b) == ["assign", "go"] and _kinds(c) == ["go"]
+
+
 def test_a_failure_after_the_end_of_training_is_not_recovered_in_process():
     """Ranks whose training function returned will not meet a new world: a rank failing
     now (in the script's code after training) fails the round, as without elastic."""
