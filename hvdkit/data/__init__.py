@@ -1,7 +1,8 @@
 """Input pipelines for data-parallel training: every rank reads its own share.
 
 * :func:`shard_indices`: which sample indices shard ``r`` of ``S`` reads
-  (modes ``"pad"``, ``"drop"``, ``"uneven"``; shuffled per epoch).
+  (modes ``"pad"``, ``"drop"``, ``"uneven"``; shuffled per epoch);
+  :func:`shard_weights`: which of them pad mode repeats (weight 0).
 * :func:`shard`: the same for a list of files (file-level first), arrays, a
   reader or a ``tf.data.Dataset``, as a ``tf.data.Dataset``.
 * :class:`ShardSampler` / :class:`ShardPositionCallback`: epochs and a
@@ -25,7 +26,7 @@ Example, on each of 2 ranks::
 
 from .readers import Cifar10Dataset, Cifar10Reader, MnistDataset, MnistReader
 from .sampler import ShardPositionCallback, ShardSampler
-from .sharding import MODES, ShardingWarning, shard, shard_indices
+from .sharding import MODES, ShardingWarning, shard, shard_indices, shard_weights
 from .size import get_dataset_size
 from .unshard import unshard
 
@@ -33,6 +34,7 @@ __all__ = [
     "MODES",
     "ShardingWarning",
     "shard_indices",
+    "shard_weights",
     "shard",
     "ShardSampler",
     "ShardPositionCallback",

@@ -27,7 +27,11 @@ left, the missing ones taken from the start of the epoch's list (samples
 already read this epoch: ``ceil(R/S')*S' - R`` repeats, where an
 uninterrupted run would have repeated ``ceil(N/S)*S - N``); drop mode skips
 the last ``R % S'`` (where an uninterrupted run skips the last ``N % S``).
-With ``S' = S`` both are exactly the uninterrupted run's.
+With ``S' = S`` both are exactly the uninterrupted run's. Pad mode's repeats
+can be kept out of training: ``dataset(source, mask_padding=True)`` gives
+them Keras ``sample_weight`` 0, so every sample of the epoch trains exactly
+once, before and after any change of size, and every rank still takes the
+same number of steps.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from .sharding import (
     resolve_shards,
     shard_indices,
     shard_length,
+    shard_weights,
 )
 
 __all__ = ["ShardSampler", "ShardPositionCallback"]
@@ -174,6 +179,17 @@ class ShardSampler:
         """int64 indices still to read this epoch: ``shard_indices(...)[position:]``."""
         return self._epoch_indices()[self._position :]
 
+    def weights(self) -> np.ndarray:
+        """float32 weights of :meth:`indices`: 0 for pad mode's repeats, else 1.
+
+        See :func:`~hvdkit.data.shard_weights`; :meth:`dataset` with
+        ``mask_padding=True`` adds them to the elements.
+        """
+        weights = shard_weights(
+            self.num_samples, self.num_shards, self.shard_id, mode=self.mode, start=self._start
+        )
+        return weights[self._position :]
+
     def _epoch_indices(self) -> np.ndarray:
         return shard_indices(
             self.num_samples,
@@ -296,7 +312,9 @@ class ShardSampler:
             self._start = cursor
             self._position = 0
 
-    def dataset(self, source: Any, *, chunk_size: int = 256) -> tf.data.Dataset:
+    def dataset(
+        self, source: Any, *, chunk_size: int = 256, mask_padding: bool = False
+    ) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of the samples left in this epoch, in reading order.
 
         Args:
@@ -312,13 +330,25 @@ class ShardSampler:
                 ``filter``...) are read in full and filtered, and yield this
                 shard's elements in stored order instead of reading order.
             chunk_size: Indices read per call of ``source.read``.
+            mask_padding: Add a float32 ``sample_weight`` to each ``(x, y)``
+                element, 0 for pad mode's repeats (:meth:`weights`), so that
+                ``fit`` trains every sample of the epoch exactly once (a
+                repeat still takes its place in the batch; Keras's default
+                loss reduction divides by the batch size). A custom loop
+                passes the third element to the loss as ``sample_weight``.
 
         Returns:
             A dataset of ``len(self) - position`` elements with the source's
-            element structure.
+            element structure (``(x, y, sample_weight)`` with ``mask_padding``).
 
         Raises:
-            ShardingError: ``source`` has another length than ``num_samples``.
+            ShardingError: ``source`` has another length than ``num_samples``,
+                or ``mask_padding`` is asked of a source whose elements are not
+                ``(x, y)`` pairs.
+
+        Example:
+            >>> ds = sampler.dataset((images, labels), mask_padding=True).batch(32)
+            >>> model.fit(ds, ...)   # (x, y, sample_weight): repeats weigh 0
         """
         source = _pipeline.as_source(source)
         length = _pipeline.source_length(source)
@@ -327,7 +357,19 @@ class ShardSampler:
                 f"the source has {length} samples but this ShardSampler was made for "
                 f"num_samples={self.num_samples}; create it with ShardSampler(len(source), ...)."
             )
-        return _pipeline.select(source, self._epoch_indices(), self._position, chunk_size)
+        selected = _pipeline.select(source, self._epoch_indices(), self._position, chunk_size)
+        if not mask_padding:
+            return selected
+        spec = selected.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise ShardingError(
+                "mask_padding=True adds a sample_weight to (x, y) elements, giving Keras's "
+                f"(x, y, sample_weight); this source's elements are {spec}. Make them (x, y) "
+                "pairs (a tuple of features and labels), or weigh pad mode's repeats yourself "
+                "with ShardSampler.weights()."
+            )
+        weights = tf.data.Dataset.from_tensor_slices(self.weights())
+        return tf.data.Dataset.zip(selected, weights).map(lambda xy, w: (*xy, w))
 
 
 class ShardPositionCallback(keras.callbacks.Callback):

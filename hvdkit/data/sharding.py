@@ -34,7 +34,7 @@ from .. import _validate, runtime
 from ..errors import ConfigurationError, NotInitializedError, ShardingError
 from . import _pipeline
 
-__all__ = ["MODES", "ShardingWarning", "shard_indices", "shard"]
+__all__ = ["MODES", "ShardingWarning", "shard_indices", "shard_weights", "shard"]
 
 MODES = ("pad", "drop", "uneven")
 
@@ -209,11 +209,38 @@ def shard_indices(
         [[6, 8], [7, 9]]
     """
     check_shard_args(num_samples, num_shards, shard_id, mode, seed, epoch)
-    start = check_start(start, num_samples)
     order = _order(int(num_samples), shuffle, int(seed), int(epoch))
+    return order[_positions(num_samples, num_shards, shard_id, mode, start) % num_samples]
+
+
+def shard_weights(
+    num_samples: int, num_shards: int, shard_id: int, *, mode: str = "pad", start: int = 0
+) -> np.ndarray:
+    """Per entry of :func:`shard_indices` (same arguments): 1 if it is read for the first time.
+
+    0 marks pad mode's repeats, the entries whose list position wrapped past
+    ``N`` to samples the epoch already read (the shuffle does not change
+    which entries those are). Used as Keras ``sample_weight`` they train the
+    epoch's samples exactly once while every shard still takes as many steps.
+
+    Returns:
+        float32 array of the shape of ``shard_indices(...)``: all ones in drop
+        and uneven mode.
+
+    Example:
+        >>> [shard_weights(10, 3, r).tolist() for r in range(3)]
+        [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]]
+    """
+    check_shard_args(num_samples, num_shards, shard_id, mode)
+    positions = _positions(num_samples, num_shards, shard_id, mode, start)
+    return (positions < num_samples).astype(np.float32)
+
+
+def _positions(num_samples, num_shards, shard_id, mode, start) -> np.ndarray:
+    """List positions shard ``shard_id`` reads, before pad mode wraps them past ``N``."""
+    start = check_start(start, num_samples)
     length = shard_length(num_samples, num_shards, shard_id, mode, start)
-    positions = start + shard_id + num_shards * np.arange(length, dtype=np.int64)
-    return order[positions % num_samples]
+    return start + shard_id + num_shards * np.arange(length, dtype=np.int64)
 
 
 def check_start(start: Any, num_samples: int) -> int:

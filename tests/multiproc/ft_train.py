@@ -15,7 +15,7 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
         [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
         [--step-sleep S] [--stop-at STEP [--stop-attempt A]] [--faults JSON]
-        [--join-until FILE] [--linger-until FILE]
+        [--join-until FILE] [--linger-until FILE] [--mask-padding]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
   and ``ckpt.callback()``; ``sink``: ``hvdkit.sink.train`` with ``sink_size``
@@ -53,6 +53,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
 * ``--linger-until FILE``: after training (the elastic function returned),
   every rank waits for FILE before it ends, as a script's evaluation or
   final save would keep it.
+* ``--mask-padding`` (fit, sink, elastic): the sampler's dataset gives pad
+  mode's repeats ``sample_weight`` 0; they neither train nor are recorded.
 * ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
   after step STEP every rank makes sure it is saved (rank 0 writes it), waits
   for the others, and exits 0 without a result file: the first half of a run
@@ -115,6 +117,7 @@ def parse_args(argv):
     p.add_argument("--stop-attempt", type=int, default=0)
     p.add_argument("--join-until", default=None)
     p.add_argument("--linger-until", default=None)
+    p.add_argument("--mask-padding", action="store_true")
     return p.parse_args(argv)
 
 
@@ -252,12 +255,13 @@ class Net(keras.Model):
         return self.out(self.drop(self.hidden(x), training=training))
 
     def train_step(self, data):
-        inputs, y = data
+        inputs, y, weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            loss = LOSS(y, self(inputs["x"], training=True))
+            loss = LOSS(y, self(inputs["x"], training=True), sample_weight=weight)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
-        record_op(self.optimizer.iterations, inputs["id"], self.trainable_variables)
+        ids = inputs["id"] if weight is None else tf.boolean_mask(inputs["id"], weight > 0)
+        record_op(self.optimizer.iterations, ids, self.trainable_variables)
         return {"loss": loss}
 
 
@@ -345,7 +349,7 @@ class StopAt(keras.callbacks.Callback):
 
 
 def train_epoch(mode, epoch):
-    ds = sampler.dataset(DATA).batch(B)
+    ds = sampler.dataset(DATA, mask_padding=ARGS.mask_padding).batch(B)
     if mode == "fit":
         stop = [StopAt()] if ARGS.stop_at is not None else []
         model.fit(

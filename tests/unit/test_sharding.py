@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hvdkit
-from hvdkit.data import ShardingWarning, ShardPositionCallback, ShardSampler, shard, shard_indices
+from hvdkit.data import (
+    ShardingWarning,
+    ShardPositionCallback,
+    ShardSampler,
+    shard,
+    shard_indices,
+    shard_weights,
+)
 
 PROPS = settings(max_examples=150, deadline=None)
 sizes = st.integers(1, 300)
@@ -107,6 +114,65 @@ def test_sampler_resume_neither_repeats_nor_skips(n, s, seed, mode, data):
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert (b.epoch, b.position) == (a.epoch, k)
     np.testing.assert_array_equal(np.concatenate([full[:k], b.indices()]), full)
+
+
+@PROPS
+@given(n=sizes, s=shards, s2=shards, seed=seeds, data=st.data())
+def test_masked_padding_trains_every_sample_once_through_a_change_of_size(n, s, s2, seed, data):
+    """Pad mode with its repeats weighed 0: S ranks read k samples each, the job goes
+    on with S' ranks from the saved state; the ids of weight 1 are the epoch's samples,
+    each exactly once, and every rank of each world reads as many as the others."""
+    epoch = data.draw(st.integers(0, 50))
+    first = [ShardSampler(n, s, r, shuffle=True, seed=seed) for r in range(s)]
+    k = data.draw(st.integers(0, len(first[0])))
+    trained = collections.Counter()
+    for sampler in first:
+        sampler.set_epoch(epoch)
+        ids, weights = sampler.indices()[:k], sampler.weights()[:k]
+        trained.update(ids[weights == 1].tolist())
+        sampler.advance(k)
+    state = json.loads(json.dumps(first[0].state_dict()))
+    second = [ShardSampler(n, s2, r, shuffle=True, seed=seed) for r in range(s2)]
+    lengths = set()
+    for sampler in second:
+        sampler.load_state_dict(state)
+        ids, weights = sampler.indices(), sampler.weights()
+        assert ids.shape == weights.shape
+        assert set(weights.tolist()) <= {0.0, 1.0}
+        trained.update(ids[weights == 1].tolist())
+        lengths.add(len(ids))
+    assert trained == collections.Counter(range(n))
+    assert len(lengths) == 1  # as many steps on every rank
+
+
+@given(n=sizes, s=shards, start=st.data(), mode=st.sampled_from(["drop", "uneven"]))
+def test_only_pad_mode_has_weights_of_zero(n, s, start, mode):
+    if mode == "drop" and n < s:
+        return
+    begin = start.draw(st.integers(0, n))
+    for r in range(s):
+        weights = shard_weights(n, s, r, mode=mode, start=begin)
+        assert weights.dtype == np.float32
+        assert weights.shape == shard_indices(n, s, r, mode=mode, start=begin).shape
+        assert np.all(weights == 1.0)
+
+
+def test_masked_dataset_gives_keras_a_sample_weight_and_refuses_other_elements():
+    sampler = ShardSampler(10, 3, 2)  # reads 2, 5, 8 and the repeat 1
+    x, y = np.arange(10, dtype="float32") * 10, np.arange(10)
+    got = list(sampler.dataset((x, y), mask_padding=True).as_numpy_iterator())
+    assert [(float(a), int(b), float(w)) for a, b, w in got] == [
+        (20.0, 2, 1.0),
+        (50.0, 5, 1.0),
+        (80.0, 8, 1.0),
+        (10.0, 1, 0.0),
+    ]
+    sampler.advance(3)
+    assert [tuple(e) for e in sampler.dataset((x, y), mask_padding=True).as_numpy_iterator()] == [
+        (10.0, 1, 0.0)
+    ]
+    with pytest.raises(hvdkit.errors.ShardingError, match=r"mask_padding=True .* \(x, y\) pairs"):
+        sampler.dataset(x, mask_padding=True)
 
 
 # --------------------------------------------------------------------------- hand cases
