@@ -303,9 +303,15 @@ class HeartbeatMonitor:
         with self._lock:
             self._guard.check(rank, session, seq, sent_at)
             status = self.ranks.get(rank)
+            if status is None or status.session != session:
+                # One process, one entry: the same session heard under another
+                # number was renumbered by an in-process recovery. It may beat
+                # under its old number after forget() and before it learns the
+                # new one (it meets the new world first); that entry would then
+                # fall silent and be taken for a frozen rank.
+                for old in [k for k, s in self.ranks.items() if k != rank and s.session == session]:
+                    del self.ranks[old]
             if status is None:
-                for old in [k for k, s in self.ranks.items() if k < 0 and s.pid == pid]:
-                    del self.ranks[old]  # renumbered, now heard under its new number
                 status = self.ranks[rank] = RankStatus(pid, host, 0.0)
             if status.session != session:  # a new process for this rank
                 status.session, status.finished = session, False
@@ -368,8 +374,10 @@ class HeartbeatMonitor:
     def forget(self) -> None:
         """The ranks are renumbered (an in-process recovery): file each under ``-1 - rank``.
 
-        Until a process beats under its new number it stays watched under the
-        old one, so a rank that froze meanwhile is still found silent.
+        Until a process beats again it stays watched under the old one, so a
+        rank that froze meanwhile is still found silent. Its next beat, under
+        whatever number, replaces the entry (:meth:`accept` keeps one per
+        process session).
         """
         with self._lock:
             self.ranks = {-1 - r if r >= 0 else r: s for r, s in self.ranks.items()}

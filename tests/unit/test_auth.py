@@ -492,6 +492,34 @@ def test_stale_heartbeat_is_refused():
         monitor.close()
 
 
+def test_a_renumbered_rank_heard_under_its_old_number_is_not_left_behind_silent():
+    # An in-process recovery: the worker files its rank under -1 - rank
+    # (forget), the program meets the new world, and only then beats under its
+    # new number. A beat under the old number in between (a slow meeting: a
+    # newcomer starting cold) made a second entry that fell silent and was
+    # stopped as a frozen rank 8 s later, although the process beat every second.
+    monitor = heartbeat.HeartbeatMonitor(TOKEN)
+    try:
+        survivor = heartbeat.Beats(TOKEN, 2, receiver=monitor.receiver)
+        other = heartbeat.Beats(TOKEN, 0, receiver=monitor.receiver)
+        other._fixed["p"] += 1  # another process (this test is one)
+        assert [monitor.accept(b.next()) for b in (survivor, other)] == [2, 0]
+        monitor.forget()
+        assert sorted(monitor.ranks) == [-3, -1]
+        assert monitor.accept(survivor.next()) == 2  # still meeting: the old number
+        assert sorted(monitor.ranks) == [-1, 2]
+        survivor.set_rank(1)
+        assert monitor.accept(survivor.next()) == 1
+        assert sorted(monitor.ranks) == [-1, 1]  # (before: [-1, 1, 2], and 2 fell silent)
+        assert monitor.ranks[1].beats == 1  # a new entry: this number's first beat
+        for status in monitor.ranks.values():
+            status.last_seen -= 60.0  # both quiet for a minute
+        assert monitor.accept(survivor.next()) == 1
+        assert monitor.silent_ranks(8) == [(-1, pytest.approx(60.0, abs=5.0))]  # only the quiet one
+    finally:
+        monitor.close()
+
+
 def test_sender_without_token_is_a_clear_error():
     from hvdkit.errors import LaunchError
 
