@@ -28,11 +28,16 @@ rows. In the same job, round after round (every variant once per round,
                        ``raw_horovod_rr`` the same with ``HVDKIT_COMM_PRIORITY=1``;
 * ``tape_default_rr``  hvdkit's default buckets with ``HVDKIT_COMM_PRIORITY=1``
                        (Horovod's threads on ``SCHED_RR``, ``hvdkit/_threads.py``;
-                       the job starts with it, and every other variant runs with
-                       the threads put back on the normal policy; under MPI the
-                       setting does nothing, so ``_rr`` rows equal the others);
-* ``fit_single``, ``fit_default``  ``model.fit`` with ``hvdkit.DistributedOptimizer``
-                       (one bucket / default), per-step time from batch-end times.
+                       every variant not named ``_rr`` or ``_auto`` runs with the
+                       threads on the normal policy; under MPI the setting does
+                       nothing, so ``_rr`` rows equal the others);
+* ``tape_auto``        hvdkit's default buckets with what ``HVDKIT_COMM_PRIORITY=auto``
+                       (the default across hosts) kept: the job starts with it,
+                       and before any variant runs, ``tape_default`` steps are
+                       taken until its trial (``hvdkit/_priority_trial.py``) decided;
+* ``fit_single``, ``fit_default``, ``fit_auto``  ``model.fit`` with
+                       ``hvdkit.DistributedOptimizer`` (one bucket / default /
+                       default with auto's choice), per-step time from batch-end times.
 
 Hidden fraction of a step ``T``: ``(T_compute + T_allreduce - T) / min(T_allreduce,
 T_backward)`` with ``T_backward = T_compute - T_forward``; 1 is perfect overlap.
@@ -135,11 +140,9 @@ def worker(steps: int, rounds: int, out: str) -> None:
     import hvdkit
     from hvdkit import _buckets, _compat, _threads, runtime
 
-    hvdkit.init(intra_op_threads=1)
+    hvdkit.init(intra_op_threads=1)  # HVDKIT_COMM_PRIORITY=auto: the trial starts
     backend = runtime.backend()
     default_bytes = _buckets.resolve_bucket_bytes(None, "overlap.py")
-    favoured = backend.comm_priority.startswith("SCHED_RR")  # HVDKIT_COMM_PRIORITY=1 took
-    _threads.unfavour(backend.comm_threads)  # hvdkit's default; the _rr variants favour them
 
     def build():
         keras.utils.set_random_seed(0)
@@ -206,6 +209,7 @@ def worker(steps: int, rounds: int, out: str) -> None:
         "tape_single": tape(1 << 40),
         "tape_default": tape(None),
         "tape_default_rr": tape(None),  # hvdkit's default with HVDKIT_COMM_PRIORITY=1
+        "tape_auto": tape(None),  # hvdkit's default with what the trial kept
         **{f"tape_b{b}": tape(b) for b in BUCKET_SWEEP if b != default_bytes},
     }
 
@@ -218,7 +222,7 @@ def worker(steps: int, rounds: int, out: str) -> None:
 
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     fit_models = {}
-    for name, bucket_bytes in (("fit_single", 1 << 40), ("fit_default", None)):
+    for name, bucket_bytes in (("fit_single", 1 << 40), ("fit_default", None), ("fit_auto", None)):
         m = build()
         opt = hvdkit.DistributedOptimizer(keras.optimizers.SGD(1e-4), bucket_bytes=bucket_bytes)
         m.compile(optimizer=opt, loss=loss_fn)
@@ -241,6 +245,20 @@ def worker(steps: int, rounds: int, out: str) -> None:
         m.fit(data, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[ends])
         return statistics.median(b - a for a, b in zip(ends.ends, ends.ends[1:], strict=False))
 
+    trial = backend._trial  # None under MPI: nothing to try
+    trial_steps = 0
+    while trial is not None:  # until every rank's trial decided
+        tape_variants["tape_default"]()
+        trial_steps += 1
+        undecided = hvdkit.allreduce(tf.constant([float(trial.decision is None)]), op=hvdkit.Sum)
+        if float(undecided[0]) == 0.0:
+            break
+    permitted = trial is not None and bool(trial.windows)  # SCHED_RR could be set
+    auto_rr = bool(trial is not None and trial.decision)
+    auto_line = backend.comm_priority
+    if rank == 0:
+        print(f"  auto after {trial_steps} steps: {auto_line}", flush=True)
+    _threads.unfavour(backend.comm_threads)  # each variant sets its own below
     for fn in tape_variants.values():  # trace and warm up
         run_tape(fn)
     for m in fit_models.values():
@@ -249,13 +267,19 @@ def worker(steps: int, rounds: int, out: str) -> None:
     for k in range(rounds):
         row = {}
         for name, fn in tape_variants.items():
-            rr = favoured and name.endswith("_rr")
+            rr = permitted and (name.endswith("_rr") or (auto_rr and name.endswith("_auto")))
             if rr:
                 _threads.favour(backend.comm_threads)
             row[name], row[f"cpu_{name}"] = run_tape(fn)
             if rr:
                 _threads.unfavour(backend.comm_threads)
-        row.update({name: run_fit(m) for name, m in fit_models.items()})
+        for name, m in fit_models.items():
+            rr = auto_rr and name.endswith("_auto")
+            if rr:
+                _threads.favour(backend.comm_threads)
+            row[name] = run_fit(m)
+            if rr:
+                _threads.unfavour(backend.comm_threads)
         # the slowest rank's time: the step of the job
         names = sorted(row)
         slowest = hvdkit.allreduce(tf.constant([row[n] for n in names], tf.float64), op=hvdkit.Max)
@@ -275,7 +299,10 @@ def worker(steps: int, rounds: int, out: str) -> None:
                 "allreduce_quarter": sum(int(np.prod(p.shape)) * 4 for p in quarter),
             },
             "default_bucket_bytes": default_bytes,
-            "comm_priority": backend.comm_priority,
+            "comm_priority": auto_line,
+            "auto_kept_sched_rr": auto_rr,
+            "trial_steps": trial_steps,
+            "trial_windows": [] if trial is None else trial.windows,
             "rounds": measured,
             "timeline": timeline,
         }
@@ -366,7 +393,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     if (os.cpu_count() or 1) < 2:
         mh.refuse("overlap.py: needs 2 cores (one per simulated host)")
     mh.preflight(transports)
-    os.environ["HVDKIT_COMM_PRIORITY"] = "1"  # the jobs' environment: the _rr variants can favour
+    os.environ["HVDKIT_COMM_PRIORITY"] = "auto"  # the default across hosts (one namespace each)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, mh._interrupted)
     mh.remove_stale_namespaces()
@@ -426,7 +453,8 @@ def analyse(jobs: list[dict]) -> dict:
         if not ({"1gbit", "10gbit"} <= set(by_link)) or by_link["10gbit"]["fit"] is None:
             continue
         fit = by_link["10gbit"]["fit"]
-        variants = ("tape_default", "tape_default_rr", "fit_default", "raw_horovod", "tape_single")
+        variants = ("tape_auto", "fit_auto", "tape_default", "tape_default_rr", "fit_default")
+        variants += ("raw_horovod", "tape_single")
         for variant in variants:
             hidden = max(0.0, min(1.0, by_link["1gbit"]["hidden"][variant]))
             row = predict(fit, hidden, nbytes, mh.STEP_TIME_S, backward)

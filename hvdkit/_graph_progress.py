@@ -63,6 +63,20 @@ def _variables() -> tuple[tf.Variable, tf.Variable, tf.Variable]:
         return _counters
 
 
+def steps_done() -> int | None:
+    """Gradient allreduces this process finished so far; None before the first was built.
+
+    Read from other threads (the heartbeat's probe, :mod:`hvdkit._priority_trial`).
+    """
+    counters = _counters
+    if counters is None:
+        return None
+    try:
+        return int(counters[1].numpy())
+    except Exception:  # TensorFlow shutting down at exit
+        return None
+
+
 def waiting(step) -> tf.Tensor:
     """Graph op: the gradient allreduce (of ``step``, or ``None``) starts now. Returns a token."""
     entered, _, step_var = _variables()

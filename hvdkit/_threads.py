@@ -1,4 +1,4 @@
-"""Horovod's communication threads ahead of TensorFlow's compute: ``HVDKIT_COMM_PRIORITY=1``.
+"""Horovod's communication threads ahead of TensorFlow's compute: ``HVDKIT_COMM_PRIORITY``.
 
 While the backward pass runs, TensorFlow's compute threads keep the CPU busy
 and the threads that move the gradients (Horovod's background thread, Gloo's
@@ -14,7 +14,9 @@ variant in the same job (docs/performance.md):
 * 10 Gbit/s (the core, not the wire, bounds the allreduce): the step 6-10 %
   slower, as the favoured threads take the core more often.
 
-Hence opt-in, for wire-bound links. Only under Gloo: Open MPI's TCP
+Hence not always: ``1`` always, ``0`` never, and ``auto`` (the default when
+the ranks span several hosts) tries both on the job's own steps and keeps
+the faster (:mod:`hvdkit._priority_trial`). Only under Gloo: Open MPI's TCP
 transport polls while it waits (397 ms of CPU for a 398 ms allreduce here),
 and a polling real-time thread would starve the backward pass. All of
 Horovod's threads or none: favouring one of them alone made steps of 5-11 s

@@ -40,7 +40,7 @@ RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first at
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
-COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # "1": Horovod's threads on SCHED_RR (Gloo; default 0)
+COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
 DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
 ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment
@@ -250,15 +250,31 @@ def preempt_grace() -> float:
     )
 
 
-def comm_priority() -> bool:
-    """Whether Horovod's threads get ``SCHED_RR`` under Gloo: ``HVDKIT_COMM_PRIORITY``, else off.
+COMM_PRIORITY_VALUES = ("0", "1", "auto")
+
+
+def comm_priority() -> str | None:
+    """``HVDKIT_COMM_PRIORITY``: whether Horovod's threads get ``SCHED_RR`` under Gloo.
+
+    ``"1"`` always, ``"0"`` never, ``"auto"``: try both on the job's own
+    steps and keep the faster (:mod:`hvdkit._priority_trial`). ``None`` when
+    unset: the backend then takes ``"auto"`` if the ranks span several hosts
+    and ``"0"`` on one machine, where the allreduce never waits for a wire.
 
     Raises:
-        ConfigurationError: the value is not ``0`` or ``1``.
+        ConfigurationError: the value is none of ``0``, ``1``, ``auto``.
     """
-    return get_bool(
-        COMM_PRIORITY,
-        False,
-        fix="1 gives Horovod's threads real-time priority over TensorFlow's compute under "
-        "Gloo (for wire-bound links; docs/performance.md), 0 (the default) leaves them.",
+    return (
+        _read(
+            COMM_PRIORITY,
+            "",
+            lambda v: v if v in COMM_PRIORITY_VALUES else None,
+            lambda v: True,
+            "0, 1 or auto",
+            "auto (the default across hosts) tries Horovod's threads at real-time priority over "
+            "TensorFlow's compute on the job's steps and keeps the faster, 1 always gives it "
+            "them, 0 never (docs/performance.md).",
+            None,
+        )
+        or None
     )

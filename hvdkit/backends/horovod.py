@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat, _threads, config
+from .. import _compat, _graph_progress, _priority_trial, _threads, config
 from ..errors import ConfigurationError
 from .base import Backend, ReduceOp
 
@@ -91,18 +92,41 @@ class HorovodBackend(Backend):
                 f"importable ({_IMPORT_ERROR}). Build it with `scripts/install.sh`, or run "
                 "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
             )
-        favour = config.comm_priority()  # a bad value is refused before the job starts
+        setting = config.comm_priority()  # a bad value is refused before the job starts
         before = _threads.thread_ids()
         hvd.init()
         # Horovod's background thread and Gloo's socket loop, started by init
         self.comm_threads = _threads.started_since(before)
         self.comm_priority = "off"
-        if favour:
-            if self.transport() == "gloo":
-                self.comm_priority = _threads.favour(self.comm_threads)
-            else:  # a polling real-time thread would starve the backward pass
-                self.comm_priority = "off under MPI: its transport polls while it waits"
-            logging.getLogger("hvdkit").info("HVDKIT_COMM_PRIORITY=1: %s", self.comm_priority)
+        self._trial: _priority_trial.PriorityTrial | None = None
+        self._says_decision = hvd.rank() == 0  # (the trial's thread may end after shutdown)
+        if setting is None:  # one machine: the allreduce never waits for a wire
+            setting = "auto" if hvd.cross_size() > 1 else "0"
+        if setting == "0":
+            return
+        if self.transport() != "gloo":  # a polling real-time thread would starve the backward pass
+            self.comm_priority = "off under MPI: its transport polls while it waits"
+        elif setting == "1":
+            self.comm_priority = _threads.favour(self.comm_threads)
+        else:
+            self.comm_priority = "auto: trying Horovod's threads with and without SCHED_RR"
+            self._trial = _priority_trial.PriorityTrial(
+                _graph_progress.steps_done,
+                favour=lambda: _threads.favour(self.comm_threads),
+                unfavour=lambda: _threads.unfavour(self.comm_threads),
+                report=self._decided,
+            )
+            self._trial.start()
+        logging.getLogger("hvdkit").info(
+            "%s=%s: %s", config.COMM_PRIORITY, setting, self.comm_priority
+        )
+
+    def _decided(self, line: str) -> None:
+        """The priority trial's outcome: kept, logged, and said once by rank 0."""
+        self.comm_priority = line
+        logging.getLogger("hvdkit").info("%s: %s", config.COMM_PRIORITY, line)
+        if self._says_decision:
+            print(f"hvdkit: {config.COMM_PRIORITY} {line}", file=sys.stderr, flush=True)
 
     def rank(self) -> int:
         return hvd.rank()
@@ -129,6 +153,8 @@ class HorovodBackend(Backend):
         )
 
     def shutdown(self) -> None:
+        if self._trial is not None:
+            self._trial.stop()
         hvd.shutdown()
 
     def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):

@@ -35,3 +35,39 @@ def assert_same_on_all_ranks(ws, label: str) -> None:
         raise AssertionError(
             f"{label}: weights differ across ranks, max |diff| {np.abs(both[0] - both[1]).max()}"
         )
+
+
+# A small classification problem: 64 rows of 8 features, 3 classes, a 2-layer model.
+def small_problem():
+    """``(X, Y, loss, make_model)``: the same data and initial weights on every call."""
+    import keras
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 3)) > 0).argmax(1).astype("int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def make_model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)]
+        )
+
+    return x, y, loss, make_model
+
+
+def assert_fit_matches_one_process(wrap, label: str) -> None:
+    """``fit`` with ``wrap(SGD(0.1))`` on this rank's rows of :func:`small_problem` (global
+    batch 16, 2 epochs) ends with one process's weights, the same on every rank."""
+    import keras
+
+    x, y, loss, make_model = small_problem()
+    want = make_model()
+    want.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    want.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    got = make_model()
+    got.compile(optimizer=wrap(keras.optimizers.SGD(0.1)), loss=loss)
+    mine = my_rows(len(x), 16, hvd.rank(), hvd.size())
+    got.fit(x[mine], y[mine], batch_size=16 // hvd.size(), epochs=2, shuffle=False, verbose=0)
+    assert_close(weights(got), weights(want), rtol=1e-4, atol=1e-5)
+    assert_same_on_all_ranks(weights(got), label)

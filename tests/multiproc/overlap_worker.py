@@ -300,7 +300,7 @@ with c.check("sync_batch_norm_trains_like_one_process_after_different_layers_wer
     assert_same_on_all_ranks(weights(got), "sync batch norm")
 
 with c.check("horovod_threads_on_the_normal_policy_by_default"):
-    # HVDKIT_COMM_PRIORITY is opt-in (tests/multiproc/threads_worker.py runs with it)
+    # HVDKIT_COMM_PRIORITY unset on one machine: off (its =1 and =auto: tests/test_threads_mp.py)
     backend = runtime.backend()
     alive = _threads.thread_ids()
     assert backend.comm_priority == "off", backend.comm_priority

@@ -12,9 +12,7 @@ import os
 import sys
 import threading
 
-import keras
-import numpy as np
-from _equal import assert_close, assert_same_on_all_ranks, my_rows, weights
+from _equal import assert_fit_matches_one_process
 
 import hvdkit as hvd
 from hvdkit import _threads, runtime
@@ -47,26 +45,8 @@ with c.check("policies_of_horovods_threads"):
         assert policies == {os.SCHED_OTHER} and "not permitted" in backend.comm_priority
 
 with c.check("fit_per_gradient_allreduces_equals_single_process"):
-    rng = np.random.default_rng(3)
-    X = rng.normal(size=(64, 8)).astype("float32")
-    Y = (X @ rng.normal(size=(8, 3)) > 0).argmax(1).astype("int32")
-    LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def model():
-        keras.utils.set_random_seed(0)
-        return keras.Sequential(
-            [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)]
-        )
-
-    want = model()
-    want.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
-    want.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    got = model()
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=0)
-    got.compile(optimizer=opt, loss=LOSS)
-    mine = my_rows(len(X), 16, r, n)
-    got.fit(X[mine], Y[mine], batch_size=16 // n, epochs=2, shuffle=False, verbose=0)
-    assert_close(weights(got), weights(want), rtol=1e-4, atol=1e-5)
-    assert_same_on_all_ranks(weights(got), "fit with favoured threads")
+    assert_fit_matches_one_process(
+        lambda opt: hvd.DistributedOptimizer(opt, bucket_bytes=0), "fit with favoured threads"
+    )
 
 c.finish()

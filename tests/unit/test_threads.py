@@ -93,20 +93,22 @@ def test_favour_without_permission_changes_nothing_and_says_why(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [(None, False), ("", False), ("1", True), ("0", False)]
+    ("raw", "expected"),
+    [(None, None), ("", None), ("1", "1"), ("0", "0"), ("auto", "auto"), (" auto ", "auto")],
 )
 def test_comm_priority_setting(monkeypatch, raw, expected):
+    # None: unset, the backend picks auto across hosts and 0 on one machine
     if raw is None:
         monkeypatch.delenv(config.COMM_PRIORITY, raising=False)
     else:
         monkeypatch.setenv(config.COMM_PRIORITY, raw)
-    assert config.comm_priority() is expected
+    assert config.comm_priority() == expected
 
 
-@pytest.mark.parametrize("raw", ["yes", "2", "on", "true"])
-def test_comm_priority_refuses_anything_but_0_or_1(monkeypatch, raw):
+@pytest.mark.parametrize("raw", ["yes", "2", "on", "true", "AUTO"])
+def test_comm_priority_refuses_anything_but_0_1_or_auto(monkeypatch, raw):
     monkeypatch.setenv(config.COMM_PRIORITY, raw)
     with pytest.raises(ConfigurationError) as info:
         config.comm_priority()
     said = str(info.value)
-    assert said.startswith(f"HVDKIT_COMM_PRIORITY={raw!r} is not 0 or 1; 1 gives Horovod's"), said
+    assert said.startswith(f"HVDKIT_COMM_PRIORITY={raw!r} is not 0, 1 or auto; auto (the"), said
