@@ -48,7 +48,8 @@ MIN_WINDOW_S = 1.0  # with POLL_S, the window's ends are found within 0.5 % of i
 ROUNDS = 3
 ORDER = (False, True, True, False, False, True)  # off, on, on, off, off, on: ROUNDS of each
 MARGIN = 0.03  # SCHED_RR must be this much faster: ties keep the normal policy
-POLL_S = 0.005
+POLL_S = 0.005  # inside a window
+IDLE_POLL_S = 0.05  # before the first step and during the warm-up: nothing is timed yet
 
 
 @dataclass
@@ -97,8 +98,8 @@ class PriorityTrial:
             self.report(f"auto: {said}")
             return
         self.unfavour()
-        first = self._step_after(None)
-        if first is None or self._step_after(first + WARMUP_STEPS - 1) is None:
+        first = self._step_after(None, IDLE_POLL_S)
+        if first is None or self._step_after(first + WARMUP_STEPS - 1, IDLE_POLL_S) is None:
             return
         for favoured in ORDER:
             (self.favour if favoured else self.unfavour)()
@@ -116,13 +117,13 @@ class PriorityTrial:
             f"without (median of {ROUNDS} windows each)"
         )
 
-    def _step_after(self, count: int | None) -> int | None:
+    def _step_after(self, count: int | None, poll_s: float = POLL_S) -> int | None:
         """Wait until the counter exists and passes ``count``; the count seen, None if stopped."""
         while not self._stop.is_set():
             now = self.steps()
             if now is not None and (count is None or now > count):
                 return now
-            self.wait(POLL_S)
+            self.wait(poll_s)
         return None
 
     def _window(self) -> float | None:

@@ -73,6 +73,7 @@ class Watch:
         self._next = None  # the step of the next decision; None: the first call's step
         self._clock: tuple[int, float] | None = None  # (step, time) of the last decision
         self._recent: list[float] = []  # rank 0: seconds per step, the last few intervals
+        self._ahead = 1  # rank 0: steps from the last decision to the next
         self._timer: threading.Timer | None = None
         # hvdkit.elastic: whether a worker waits to join (this rank's view). The same
         # exchange carries it, so a growing job needs no second collective per step.
@@ -134,12 +135,17 @@ class Watch:
     def _plan(self, step: int, now: float) -> tuple[int, float | None]:
         """Rank 0: (the next step to decide at, seconds per step if longer than the grace)."""
         if self._clock is None:  # the first step (tracing); ask again at the next
+            self._ahead = 1
             return step + 1, None
         last_step, last_time = self._clock
         per_step = (now - last_time) / max(step - last_step, 1)
         self._recent = [*self._recent[-(SLOW_INTERVALS - 1) :], per_step]
         every_s = min(CHECK_EVERY_MAX_S, self.grace_s / CHECKS_PER_GRACE)
-        ahead = max(1, round(every_s / max(per_step, 1e-9)))
+        # At most twice the last interval's steps: a few fast steps (the first after
+        # tracing, a cache warm) must not plan thousands of steps ahead that may then
+        # run slower (a loaded machine) and overrun the grace period.
+        ahead = max(1, min(round(every_s / max(per_step, 1e-9)), 2 * self._ahead))
+        self._ahead = ahead
         # Slow in every one of the last few intervals: a single long pause (an
         # evaluation, a save) between two decisions is not a slow step.
         fastest = min(self._recent)
@@ -148,7 +154,7 @@ class Watch:
 
     def restart(self) -> None:
         """Decide again at the next step (a new world: hvdkit.elastic)."""
-        self._next, self._clock, self._recent = None, None, []
+        self._next, self._clock, self._recent, self._ahead = None, None, [], 1
         self.regroup = False
 
     def stopped(self, step: int) -> None:
