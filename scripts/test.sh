@@ -24,8 +24,10 @@ fi
 # Two pytest workers, one test file each at a time (a file's 2-rank job is
 # shared by its tests): much of the suite waits (stall timeouts, restarts),
 # so two files side by side finish sooner on 2 cores. HVDKIT_TEST_WORKERS=0
-# runs everything in this process.
+# runs everything in this process. A pytest worker that dies (a test must never
+# end its runner) fails the run at once: xdist's replacement worker was seen to
+# leave the run waiting for ever.
 workers="${HVDKIT_TEST_WORKERS:-2}"
 dist=()
-if [[ "$workers" != 0 ]]; then dist=(-n "$workers" --dist loadfile); fi
+if [[ "$workers" != 0 ]]; then dist=(-n "$workers" --dist loadfile --max-worker-restart 0); fi
 exec python -m pytest tests -p no:cacheprovider --durations=40 "${dist[@]}"
