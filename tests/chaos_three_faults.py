@@ -94,9 +94,14 @@ def test_three_faults_and_returns_end_as_a_fault_free_replay_of_the_same_worlds(
 
     # The schedule of world sizes, (first step, ranks) per world that trained: 4 at first,
     # one fewer after each fault, one more after each return (the order depends on speed).
+    # A return whose cold start outlasts the training up to the next fault joins in the
+    # regrouping after that fault (seen under load: 4, 3, 2, then 3 after the last fault,
+    # two newcomers joining the one survivor), so at least the first world and one after
+    # each fault; with HVDKIT_MIN_WORKERS=2 the job could not have gone on without returns.
     changes = {int(r): (int(s), int(n)) for r, n, s in AGAIN.findall(sched)}
     schedule = [(0, WORKERS)] + [changes[r] for r in sorted(changes)]
-    assert len(schedule) >= 5 and {n for _, n in schedule} <= {2, 3, 4}, (schedule, report)
+    assert len(schedule) >= 1 + len(FAULTS), (schedule, report)
+    assert {n for _, n in schedule} <= {2, 3, 4}, (schedule, report)
     starts = [s for s, _ in schedule]
     assert starts == sorted(starts), schedule  # no world went back before an earlier one
 
@@ -123,8 +128,10 @@ def test_three_faults_and_returns_end_as_a_fault_free_replay_of_the_same_worlds(
         assert records(ref_out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
         finals.append(ref_out)
 
-    weights = final_weights(out) + final_weights(finals[-1])
-    assert len(weights) == 2 * WORKERS, len(weights)
+    last_size = schedule[-1][1]  # every rank of the last world writes its weights
+    job_w, ref_w = final_weights(out), final_weights(finals[-1])
+    assert len(job_w) == len(ref_w) == last_size, (len(job_w), len(ref_w), schedule)
+    weights = job_w + ref_w
     for w in weights[1:]:
         np.testing.assert_array_equal(w, weights[0])
     ref_ids: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)

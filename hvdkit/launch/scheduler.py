@@ -22,6 +22,7 @@ the job's ``code``); worker -> scheduler ``register``, ``exit`` (with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import signal
@@ -121,10 +122,13 @@ class RoundResult:
     preempted: str = ""  # a rank's "preempted after step N": the job stopped for SIGTERM
     survivors: list | None = None  # elastic: the workers whose programs go on in-process
     joining: list | None = None  # elastic: workers that join the survivors (a cold start)
+    # elastic: newcomers sent away from a growing round that failed through no fault of
+    # theirs; they wait to join again (not lost, no restart counted)
+    requeued: list | None = None
 
     @property
     def cause(self) -> str:
-        return f"rank {self.culprit} {self.detail}"
+        return self.detail if self.culprit is None else f"rank {self.culprit} {self.detail}"
 
 
 class Scheduler:
@@ -303,15 +307,20 @@ class Scheduler:
                 regs, inplace = result.survivors + result.joining, result.survivors
                 continue
             if result.survivors:
+                requeued = result.requeued or []
+                lost = [r for r in regs if r not in result.survivors and r not in requeued]
                 log.warning(
                     "%s; %d of %d workers go on in-process as round %d (lost: %s)",
                     result.cause,
                     len(result.survivors),
                     len(regs),
                     self._round_no,
-                    ", ".join(r.describe() for r in regs if r not in result.survivors),
+                    ", ".join(r.describe() for r in lost),
                 )
-                self._let_back([r for r in regs if r not in result.survivors], result.cause)
+                for r in requeued:
+                    log.warning("%s was joining; it waits to join again", r.describe())
+                    self.newcomers.put(r)
+                self._let_back(lost, result.cause)
                 regs, inplace = result.survivors, list(result.survivors)
                 continue
             if result.culprit is None and result.preempted:
@@ -523,7 +532,8 @@ class Scheduler:
                 self._preempt(remaining)
                 preempt_sent = True
             if waiting and time.monotonic() > ready_by:
-                return self._without(remaining, newcomers, "its program was not ready in time")
+                why = f"the joining workers' programs were not ready within {self.timeout_s:g} s"
+                return self._without(remaining, newcomers, why)
             if not (later or meet or failures or preempt_sent or self._finishing):
                 # (after the go: a round whose ranks have met, and trained, takes newcomers)
                 grown = self._grow(remaining)
@@ -563,11 +573,14 @@ class Scheduler:
                 continue
             rank = remaining.pop(reg)
             if later:  # the survivors were not told yet: they still train in their world
-                if reg in newcomers:
+                ended = RoundResult(rank, detail, tuple(tail))
+                if reg in newcomers:  # it is lost; the other newcomers wait to join again
                     remaining[reg] = rank  # _without() sends it away with the others
-                    return self._without(remaining, newcomers, f"rank {rank} {detail}")
-                if code != 0:  # a survivor died: regroup the others, without newcomers
-                    return self._without(remaining, newcomers, "a survivor was lost meanwhile")
+                    why = f"joining rank {rank} {detail}"
+                    return self._without(remaining, newcomers, why, ended, newcomers - {reg})
+                if code != 0:  # a survivor died: the others regroup; the newcomers wait
+                    why = f"a survivor was lost meanwhile: rank {rank} {detail}"
+                    return self._without(remaining, newcomers, why, ended, newcomers)
             if code == 0 and reg not in newcomers:  # (its worker may not have said "finished")
                 if self._training_over(rank, remaining, newcomers):
                     newcomers, waiting, later, meet = set(), set(), {}, False
@@ -667,15 +680,32 @@ class Scheduler:
             return None
         return RoundResult(survivors=list(remaining), joining=joining)
 
-    def _without(self, remaining: dict, newcomers: set, why: str) -> RoundResult:
-        """A growing round that cannot form: the newcomers are sent away, the others regroup."""
+    def _without(
+        self,
+        remaining: dict,
+        newcomers: set,
+        why: str,
+        ended: RoundResult | None = None,
+        requeue: set = frozenset(),
+    ) -> RoundResult:
+        """A growing round that cannot form: the newcomers are sent away, the others regroup.
+
+        ``ended``: the rank whose end made it fail (its cause is the round's);
+        without one, the newcomers are the cause (their programs were not
+        ready). ``requeue``: newcomers that did nothing wrong; they wait to
+        join again, without counting a restart.
+        """
         self._send_away(remaining, newcomers, why)
         survivors = [r for r in remaining if not r.gone]
         if not survivors or len(survivors) < self.min_workers:
             for r in survivors:
                 r.send(type="abort", round=r.round, reason=why)
+            if ended is not None:
+                return ended
             return RoundResult(remaining.get(survivors[0], 0) if survivors else 0, why)
-        return RoundResult(survivors=survivors)
+        base = ended or RoundResult(detail=why)
+        waiting = [r for r in requeue if not r.gone]
+        return dataclasses.replace(base, survivors=survivors, requeued=waiting)
 
     @staticmethod
     def _send_away(remaining: dict, newcomers: set, why: str) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,7 +28,8 @@ class Checks:
     def __init__(self, rank: int, outdir: str):
         self.rank = rank
         self.outdir = outdir
-        self.results: dict[str, dict] = {}  # name -> {"ok": bool, "error": str}
+        # name -> {"ok": bool, "error": str, "s": seconds the check took on this rank}
+        self.results: dict[str, dict] = {}
         self.values: dict = {}
 
     @property
@@ -38,6 +40,7 @@ class Checks:
     def check(self, name: str):
         if name in self.results:
             raise ValueError(f"check {name!r} recorded twice; give each check its own name")
+        start = time.perf_counter()
         try:
             yield
         except Exception:
@@ -46,6 +49,7 @@ class Checks:
             self.results[name] = {"ok": False, "error": error[-4000:]}
         else:
             self.results[name] = {"ok": True, "error": ""}
+        self.results[name]["s"] = round(time.perf_counter() - start, 2)
         self._write()
 
     @staticmethod

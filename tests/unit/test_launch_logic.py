@@ -496,3 +496,73 @@ def test_before_the_end_of_training_a_failure_is_recovered_in_process():
     sched = _elastic_scheduler()
     result = _watch_events(sched, [a, b, c], 7, {}, False, [(b, 7, 1)])
     assert result.culprit == 1 and result.survivors == [a, c]
+
+
+def test_a_survivor_lost_while_a_newcomer_gets_ready_is_the_cause_and_the_newcomer_waits():
+    """The chaos test under load: rank 0 was killed while a newcomer of a growing round was
+    still starting. The round's cause is rank 0's death (it was logged "rank None"); the
+    newcomer is sent away but is not lost: it waits to join again, and no restart is
+    counted for it (it was charged one)."""
+    from hvdkit.launch.scheduler import READY
+
+    a, b, c, d = _workers(1, 1, 1, 2)  # a, b, c: round 1; d joins in round 2
+    later = {r: {"type": "assign", "round": 2, "inplace": True, "rank": r.rank} for r in (a, b, c)}
+    sched = _elastic_scheduler()
+    sched.worker_num = 4
+    result = _watch_events(sched, [a, b, c, d], 2, later, True, [(a, 1, -9), (d, 2, READY)])
+    assert (result.culprit, result.detail) == (0, "exit code -9")
+    assert result.cause == "rank 0 exit code -9"
+    assert result.survivors == [b, c] and result.requeued == [d]
+    assert d.channel.sent == [
+        {
+            "type": "abort",
+            "round": 2,
+            "reason": "could not join the job: a survivor was lost meanwhile: rank 0 exit code -9",
+        }
+    ]
+    assert b.channel.sent == c.channel.sent == []  # still in round 1: regrouped next
+
+
+def test_a_newcomer_that_dies_before_meeting_is_lost_and_the_other_newcomer_waits():
+    a, b, c, d = _workers(1, 1, 2, 2)  # a, b: round 1; c and d join in round 2
+    later = {r: {"type": "assign", "round": 2, "inplace": True, "rank": r.rank} for r in (a, b)}
+    sched = _elastic_scheduler()
+    sched.worker_num = 4
+    result = _watch_events(sched, [a, b, c, d], 2, later, True, [(c, 2, 1)])
+    assert result.cause == "rank 2 exit code 1"
+    assert result.survivors == [a, b] and result.requeued == [d]
+    assert _kinds(c) == _kinds(d) == ["abort"]
+
+
+def test_the_scheduler_requeues_a_waiting_newcomer_without_a_restart_and_names_the_cause(caplog):
+    """What ``_rounds`` does with such a result: one line naming the dead rank and only it
+    as lost; the newcomer goes back to the queue; one restart is counted (the lost one's)."""
+    from hvdkit.launch.scheduler import RoundResult
+
+    a, b, c, d = _workers(1, 1, 1, 2)
+    sched = _elastic_scheduler()
+    sched.worker_num, sched.budget.limit = 4, 3
+    results = iter(
+        [
+            RoundResult(0, "killed by signal 9", survivors=[b, c], requeued=[d]),
+            RoundResult(),  # the next round ends the job
+        ]
+    )
+    queued = []
+
+    def round_(regs, round_, inplace):
+        queued.append(list(sched.newcomers.queue))
+        return next(results)
+
+    sched._round = round_
+    sched._round_no = 3
+    with caplog.at_level("WARNING", logger="hvdkit"):
+        assert sched._rounds([a, b, c, d], [a, b, c, d]) == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        "rank 0 killed by signal 9; 2 of 4 workers go on in-process as round 4 "
+        "(lost: pid 100 on vm 127.0.0.1)"
+    ) in said, said
+    assert "pid 103 on vm 127.0.0.1 was joining; it waits to join again" in said, said
+    assert sched.budget.restarts == 1  # a's program joins again; d cost nothing
+    assert queued == [[], [d, a]]  # both wait to join the next round
