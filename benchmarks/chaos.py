@@ -27,7 +27,7 @@ stopping it, a cut the silence limit. Prints each fault and the p50/p95 per
 kind and overall, and writes ``bench_results/chaos.json``
 (``chaos_netns.json`` with ``--netns``). Wall-clock times on a shared
 machine; never a pass/fail gate. The suite's test of the same job with three fixed
-faults, one of each kind (tests/chaos_three_faults.py), checks the results:
+faults, one of each kind (tests/test_chaos_three_faults_mp.py), checks the results:
 weights equal to a fault-free replay of the job's worlds, every sample
 trained. ``--keep DIR`` keeps each job's logs and records.
 """

@@ -20,10 +20,16 @@ VENV_BIN = Path(sys.executable).parent
 TRANSPORTS = ["gloo", "mpi"]
 
 
-def launcher_env() -> dict:
+def launcher_env(sklearn: bool = False) -> dict:
+    """The environment of the jobs the suite launches.
+
+    ``sklearn``: the processes may import scikit-learn (the examples' data);
+    otherwise they start without it (tests/multiproc/sitecustomize.py).
+    """
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join([str(MULTIPROC), str(REPO)])
+    env["HVDKIT_TEST_SKLEARN"] = "1" if sklearn else "0"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The suite runs two test files side by side (pytest-xdist), so up to 4
     # ranks share 2 cores; Open MPI's ranks busy-poll by default and starve
@@ -240,3 +246,24 @@ def needs_netns(what: str):
         reason=f"NOT TESTED: {what}: {NETNS_MISSING}; run scripts/test.sh as root "
         "(it installs iproute2) to test it",
     )
+
+
+# ------------------------------------------------------------ where the suite's time goes
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum each test file's setup, call and teardown seconds (on xdist's controller too)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest files: with ``--dist loadfile`` a file's tests run one after another."""
+    if len(_FILE_SECONDS) < 2:
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest files ({total:.0f} s of test time in all)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")

@@ -7,8 +7,7 @@ nothing, not even a keep-alive, for the silence limit (the stall timeout,
 at least 10 s) and count the other as lost; the two others go on in their
 processes from the last save and finish the job with every sample trained.
 
-The chaos test with three faults in one job is tests/chaos_three_faults.py
-(not in the CI gate; its docstring says why).
+The chaos test with three faults in one job is tests/test_chaos_three_faults_mp.py.
 
 No test bounds wall-clock time: the waits' deadlines only turn a hang into a
 failure.

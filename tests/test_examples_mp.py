@@ -12,7 +12,9 @@ from conftest import REPO, horovodrun, hvdkitrun, launcher_env, run_bounded, sta
 
 def run_example(script, transport, *args, timeout=900):
     cmd = horovodrun(transport, REPO / "examples" / script, *args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=launcher_env())
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=launcher_env(sklearn=True)
+    )
 
 
 def test_demo_reaches_095_held_out_accuracy(transport):
@@ -90,7 +92,7 @@ def newest_checkpoint_step(folder: Path) -> int:
 def test_fault_tolerant_example_killed_from_outside_ends_with_the_same_weights(transport, tmp_path):
     """kill -9 of rank 1 mid-run, as a user would: hvdkitrun restarts, the weights match."""
     code, ref_out, timed_out = run_bounded(
-        hvdkitrun(transport, FT_EXAMPLE, tmp_path / "ref"), 900, env=launcher_env()
+        hvdkitrun(transport, FT_EXAMPLE, tmp_path / "ref"), 900, env=launcher_env(sklearn=True)
     )
     assert not timed_out and code == 0, ref_out[-3000:]
     want = FINGERPRINT.search(ref_out)
@@ -99,7 +101,7 @@ def test_fault_tolerant_example_killed_from_outside_ends_with_the_same_weights(t
     ckpt = tmp_path / "job"
     options = ("--max-restarts", "1", "--checkpoint-dir", ckpt)
     cmd = hvdkitrun(transport, FT_EXAMPLE, ckpt, "--step-sleep", "0.2", options=options)
-    proc = start_in_session(cmd, env=launcher_env())
+    proc = start_in_session(cmd, env=launcher_env(sklearn=True))
     killed = None
     try:
         # Kill once a checkpoint of step >= 20 is complete: the job is then

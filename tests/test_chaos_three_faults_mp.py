@@ -25,16 +25,16 @@ resize weigh 0 and are not recorded), the multiset of trained sample ids of
 every epoch must be exactly that epoch's permutation, in the job and in the
 replay.
 
-Not in the CI gate (not named ``test_*``): run it with ``scripts/test.sh
-tests/chaos_three_faults.py``. It passed alone and under the suite's own
-load (two test files at a time). Under more load (two other multi-process
-files beside it) it failed on two races, both fixed since: a newcomer ready
-to join just as the others finished training (the job now takes no
-newcomer then), and a survivor renumbered by a recovery stopped as
+In the CI gate since 2026-11-26. Under more load than the suite's own (two
+other multi-process files beside it) it found three races, all fixed: a
+newcomer ready to join just as the others finished training (the job now
+takes no newcomer then), a survivor renumbered by a recovery stopped as
 "stalled" because one beat under its old number left an entry that fell
-silent (the heartbeat monitor keeps one entry per process now). It joins
-the gate once runs under that load pass again (docs/fault-tolerance.md,
-limits).
+silent (the heartbeat monitor keeps one entry per process now), and a
+survivor killed while a newcomer got ready, which the scheduler logged as
+"rank None" and charged the newcomer a restart for (the newcomer now waits
+to join again). Under that load a return can also come only after the next
+fault (below).
 
 No test bounds wall-clock time: the waits' deadlines only turn a hang into a
 failure.
