@@ -423,6 +423,13 @@ def _elastic_scheduler():
     return sched
 
 
+def _assigned_later(round_: int, *survivors) -> dict:
+    """A growing round's assignments of its survivors, held until the newcomers are ready."""
+    return {
+        r: {"type": "assign", "round": round_, "inplace": True, "rank": r.rank} for r in survivors
+    }
+
+
 def _kinds(reg) -> list[str]:
     return [m["type"] for m in reg.channel.sent]
 
@@ -436,7 +443,7 @@ def test_a_newcomer_ready_as_the_survivors_finish_training_is_sent_away(said_fin
     from hvdkit.launch.scheduler import FINISHED, READY
 
     a, b, c = _workers(5, 5, 6)  # a, b: survivors of round 5; c joins in round 6
-    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    later = _assigned_later(6, a, b)
     sched = _elastic_scheduler()
     sched.newcomers.put(_workers(6)[0])  # another one registers meanwhile
     finished = [(a, 5, FINISHED)] if said_finished else []
@@ -454,7 +461,7 @@ def test_survivors_that_finish_before_the_newcomer_is_ready_never_hear_of_the_bi
     from hvdkit.launch.scheduler import FINISHED, READY
 
     a, b, c = _workers(5, 5, 6)
-    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    later = _assigned_later(6, a, b)
     sched = _elastic_scheduler()
     events = [(b, 5, FINISHED), (c, 6, READY), (a, 5, 0), (b, 5, 0)]
     result = _watch_events(sched, [a, b, c], 6, later, True, events)
@@ -469,7 +476,7 @@ def test_a_newcomer_that_met_the_others_finishes_with_them():
     from hvdkit.launch.scheduler import FINISHED, READY
 
     a, b, c = _workers(5, 5, 6)
-    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b)}
+    later = _assigned_later(6, a, b)
     sched = _elastic_scheduler()
     ready = [(c, 6, READY), (a, 6, READY), (b, 6, READY)]
     events = [*ready, (b, 6, FINISHED), (a, 6, 0), (b, 6, 0), (c, 6, 0)]
@@ -506,7 +513,7 @@ def test_a_survivor_lost_while_a_newcomer_gets_ready_is_the_cause_and_the_newcom
     from hvdkit.launch.scheduler import READY
 
     a, b, c, d = _workers(1, 1, 1, 2)  # a, b, c: round 1; d joins in round 2
-    later = {r: {"type": "assign", "round": 2, "inplace": True, "rank": r.rank} for r in (a, b, c)}
+    later = _assigned_later(2, a, b, c)
     sched = _elastic_scheduler()
     sched.worker_num = 4
     result = _watch_events(sched, [a, b, c, d], 2, later, True, [(a, 1, -9), (d, 2, READY)])
@@ -525,7 +532,7 @@ def test_a_survivor_lost_while_a_newcomer_gets_ready_is_the_cause_and_the_newcom
 
 def test_a_newcomer_that_dies_before_meeting_is_lost_and_the_other_newcomer_waits():
     a, b, c, d = _workers(1, 1, 2, 2)  # a, b: round 1; c and d join in round 2
-    later = {r: {"type": "assign", "round": 2, "inplace": True, "rank": r.rank} for r in (a, b)}
+    later = _assigned_later(2, a, b)
     sched = _elastic_scheduler()
     sched.worker_num = 4
     result = _watch_events(sched, [a, b, c, d], 2, later, True, [(c, 2, 1)])
