@@ -16,9 +16,12 @@ its result, before any callback sees them. So every callback, wherever it is
 in the list, sees the same numbers on every rank and decides the same way.
 Per-batch logs stay each rank's own (no communication per step).
 
-If a custom ``train_step``/``test_step`` returns logs whose keys are not the
-model's metrics, Keras uses those logs; their scalar values are then averaged
-over the ranks (Horovod's ``MetricAverageCallback`` rule).
+A custom ``train_step``/``test_step`` that returns its metrics' results, also
+nested as the Keras guides write it (``{m.name: m.result() for m in
+self.metrics}``, where ``compile_metrics`` is a dict), gets the job's results
+the same way. If it returns other keys, Keras uses those logs; their scalar
+values are then averaged over the ranks (Horovod's ``MetricAverageCallback``
+rule).
 
 A custom ``keras.metrics.Metric`` whose state is not a sum (a running maximum,
 say) would be summed too: give such a metric no state, or compute it after
@@ -53,6 +56,21 @@ def _numpy(value):
     return float(array) if array.ndim == 0 else array
 
 
+def flatten_logs(logs: dict) -> dict:
+    """``logs`` with nested dicts merged into the top level, as Keras flattens them.
+
+    A custom ``train_step`` that returns ``{m.name: m.result() for m in self.metrics}``
+    (the Keras guides' pattern) returns ``{"loss": x, "compile_metrics": {"mae": y}}``.
+    """
+    flat = {}
+    for key, value in logs.items():
+        if isinstance(value, dict):
+            flat.update(flatten_logs(value))
+        else:
+            flat[key] = value
+    return flat
+
+
 def average_scalar_logs(logs: dict, what: str) -> dict:
     """``logs`` with every scalar replaced by its mean over the ranks (same keys needed)."""
     keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
@@ -81,8 +99,12 @@ def _job_results_or_logs(model, keras_method, logs):
             v.assign(s)
     try:
         out = keras_method(logs)
-        if out is logs:  # a custom step's own logs: nothing to sum, average them
-            out = average_scalar_logs(dict(logs or {}), "metric_logs")
+        if out is logs:  # a custom step's own logs
+            flat = flatten_logs(dict(logs or {}))
+            job = model.get_metrics_result()  # on the summed states
+            # its metrics' results, nested (the Keras guides' pattern): the job's results;
+            # anything else is the step's own numbers: average them
+            out = job if set(flat) == set(job) else average_scalar_logs(flat, "metric_logs")
         out = {k: _numpy(v) for k, v in out.items()}
         hook = vars(model).get(KERAS_LOGS_HOOK)
         if hook is not None:

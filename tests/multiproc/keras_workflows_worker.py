@@ -202,13 +202,15 @@ with c.check("backup_and_restore_refused_for_checkpointer"):
 
 
 class CustomStep(keras.Model):
-    """A subclassed model whose train_step computes gradients and calls optimizer.apply."""
+    """The Keras guides' custom train_step: compute_loss, optimizer.apply, self.metrics.
+
+    Its logs are ``{"loss": ..., "compile_metrics": {"accuracy": ...}}``, nested.
+    """
 
     def __init__(self):
         super().__init__()
         self.hidden = keras.layers.Dense(16, activation="tanh")
         self.out = keras.layers.Dense(3)
-        self.tracker = keras.metrics.Mean(name="loss")
 
     def call(self, x, training=False):
         return self.out(self.hidden(x))
@@ -216,32 +218,42 @@ class CustomStep(keras.Model):
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
-            loss = LOSS(y, self(x, training=True))
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
-        self.tracker.update_state(loss)
-        return {"loss": self.tracker.result()}
-
-    @property
-    def metrics(self):
-        return [self.tracker]
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
 
 
 with c.check("subclassed_train_step_calls_optimizer_apply"):
-    got = {}
+    got, logs = {}, {}
     for label, dist in (("ref", False), ("hvd", True)):
         keras.utils.set_random_seed(0)
         m = CustomStep()
         m(X[:1])
         opt = keras.optimizers.Adam(0.01)
-        m.compile(optimizer=hvd.DistributedOptimizer(opt) if dist else opt)
+        m.compile(
+            optimizer=hvd.DistributedOptimizer(opt) if dist else opt,
+            loss=LOSS,
+            metrics=["accuracy"],
+        )
         if dist:
-            m.fit(Xr, Yr, epochs=3, **FIT)
+            cb = [hvd.callbacks.MetricAverageCallback()]
+            h = m.fit(Xr, Yr, epochs=3, callbacks=cb, **FIT)
         else:
-            m.fit(X, Y, epochs=3, **REF_FIT)
-        got[label] = weights(m)
+            h = m.fit(X, Y, epochs=3, **REF_FIT)
+        got[label], logs[label] = weights(m), h.history
     assert_close(got["hvd"], got["ref"])
     assert_same_on_all_ranks(got["hvd"], "custom train_step")
+    # the nested logs are flattened and made the job's: = one process
+    assert sorted(logs["hvd"]) == ["accuracy", "loss"], logs["hvd"]
+    assert_close(logs["hvd"]["loss"], logs["ref"]["loss"])
+    assert logs["hvd"]["accuracy"] == logs["ref"]["accuracy"], logs
 
 
 def gan(dist: bool, xs, batch):
