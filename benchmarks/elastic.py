@@ -158,6 +158,10 @@ def one_run(port: int) -> dict:
         )
     result = {ph: statistics.mean(r[ph] for r in rows) for ph in PHASES[:-1]}
     result["total"] = max(m["first_step"] for m in marks[:2]) - death
+    # how each survivor left the old world: its collective failed by itself, or the
+    # scheduler's word made it fail (hvdkit.elastic ended its connections)
+    result["lines"] = [ln.strip() for ln in out.splitlines() if "s to rejoin" in ln]
+    result["left_at_the_word"] = sum("the scheduler's word" in ln for ln in result["lines"])
     result["timeline"] = {
         "death": death,
         "steps": [m["steps"] for m in marks],
@@ -263,6 +267,10 @@ def main() -> None:
     print("".join(f"{ph:>12}" for ph in PHASES))
     print("".join(f"{med[ph]:12.2f}" for ph in PHASES))
     print("total per run: " + ", ".join(f"{run['total']:.2f}" for run in runs))
+    print(
+        "survivors that left at the scheduler's word (not by their own failed collective), "
+        "per run: " + ", ".join(f"{run['left_at_the_word']}/2" for run in runs)
+    )
     timeline_svg(runs[-1], Path(args.plot))
     for run in runs[:-1]:
         del run["timeline"]  # the JSON keeps the drawn run's

@@ -3,8 +3,11 @@
 The worker makes a mode-700 folder for its rank (``HVDKIT_ELASTIC_DIR``).
 Its files pass through it, each written whole (a rename) by one side:
 
-* ``assign.json`` (worker -> rank): ``{"round": r, "env": {...}}``, the
-  Horovod settings of the rank in the job's round ``r``;
+* ``assign.json`` (worker -> rank): ``{"round": r, "env": {...}, "lost":
+  bool}``, the Horovod settings of the rank in the job's round ``r``;
+  ``lost``: round ``r`` replaces a world that lost a rank, so the rank's
+  collectives in the old one can only fail (:mod:`hvdkit.elastic` ends its
+  connections at once instead of waiting for Gloo's timeout);
 * ``ready`` (rank -> worker): ``r``, the rank is about to start Horovod in
   round ``r``; the worker tells the scheduler;
 * ``go`` (worker -> rank): ``r``, every rank of round ``r`` said ready (the

@@ -41,8 +41,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +115,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             )
         if not state.restored:
             state.restore()
+        if enabled():
+            _LostPeerWatch.start_once()
         while True:
             try:
                 result = func(state, *args, **kwargs)
@@ -179,8 +183,14 @@ def _peer_lost(exc: BaseException) -> bool:
 
 
 def _recover(ckpt, exc: BaseException) -> None:
+    with _LostPeerWatch.recovering():
+        _recover_now(ckpt, exc)
+
+
+def _recover_now(ckpt, exc: BaseException) -> None:
     started = time.monotonic()
     old_rank, old_size = runtime.rank(), runtime.size()
+    ended = _LostPeerWatch.ended
     runtime.shutdown()
     _progress.forget_waits()  # not "stuck in a collective" while it rejoins
     round_ = _join_next_world()
@@ -192,6 +202,8 @@ def _recover(ckpt, exc: BaseException) -> None:
     if runtime.rank() == 0:  # the scheduler's membership line names the step
         _meeting.write(config.get(config.ELASTIC_DIR), _meeting.RESUMED, f"{round_} {step}")
     why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
+    if ended is not None:
+        why += f" (the scheduler's word: a rank was lost; ended {ended} connections)"
     back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
     print(
         f"hvdkit: rank {old_rank} of {old_size} is rank {runtime.rank()} of {runtime.size()} "
@@ -236,3 +248,65 @@ def _reset_compiled_functions(model) -> None:
     for name in ("train_function", "test_function", "predict_function"):
         if getattr(model, name, None) is not None:
             setattr(model, name, None)
+
+
+class _LostPeerWatch:
+    """End Horovod's connections as soon as the scheduler formed a world without a lost rank.
+
+    When a rank dies, its direct Gloo peers see the connection close at
+    once; the other survivors wait in their collective until Gloo's timeout,
+    or until a peer that already left shut Horovod down (about 1.5 s later).
+    The scheduler learns of the death from the dead rank's worker within
+    moments and sends each survivor's worker the new world, marked ``lost``
+    (:mod:`hvdkit._meeting`). This thread reads it and ends this rank's
+    Gloo connections (:func:`hvdkit.runtime.abandon`), so the collective
+    fails now and :func:`run` recovers. A growing world (a worker joins) is
+    not marked: the ranks leave it at an agreed step instead.
+    """
+
+    POLL_S = 0.05
+    _lock = threading.Lock()
+    _started = False
+    _recovering = False
+    ended: int | None = None  # connections ended in the current world (None: not abandoned)
+
+    @classmethod
+    def start_once(cls) -> None:
+        with cls._lock:
+            if cls._started:
+                return
+            cls._started = True
+        threading.Thread(target=cls._loop, name="hvdkit-lost-peer-watch", daemon=True).start()
+
+    @classmethod
+    def _loop(cls) -> None:
+        folder = config.get(config.ELASTIC_DIR)
+        while True:
+            time.sleep(cls.POLL_S)
+            cls.check(folder)
+
+    @classmethod
+    def check(cls, folder: str) -> bool:
+        """Abandon this world if ``folder`` holds a newer world marked ``lost``; whether it did."""
+        body = _meeting.read_assignment(folder)
+        if body is None or not body.get("lost"):
+            return False
+        with cls._lock:
+            if cls._recovering or cls.ended is not None or not runtime.is_initialized():
+                return False
+            if body["round"] <= config.restart_count():
+                return False  # this world's own assignment
+            cls.ended = runtime.abandon()
+            return True
+
+    @classmethod
+    @contextlib.contextmanager
+    def recovering(cls):
+        """While :func:`run` leaves one world and joins the next, the watch does nothing."""
+        with cls._lock:
+            cls._recovering = True
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._recovering, cls.ended = False, None

@@ -227,6 +227,16 @@ def _get() -> Backend:
     return _backend
 
 
+def abandon() -> int:
+    """End this process's connections to the other ranks; how many were open.
+
+    For a world that lost a rank (:mod:`hvdkit.elastic`): a collective that
+    waits on a peer fails now instead of at the transport's timeout. Call
+    :func:`shutdown` next. Nothing to end without a runtime or in one process.
+    """
+    return _backend.abandon() if _backend is not None else 0
+
+
 def shutdown() -> None:
     """Stop the runtime. ``init()`` may be called again afterwards."""
     global _backend

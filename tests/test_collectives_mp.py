@@ -24,6 +24,7 @@ EXPECTED = [
     "mismatched_shape_in_tf_function_raises",
     "bad_arguments",
     "barrier_waits_for_the_late_rank",
+    "abandon_ends_a_wait_that_nothing_else_would",
 ]
 
 

@@ -57,6 +57,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def shutdown(self) -> None: ...
 
+    def abandon(self) -> int:
+        """End this process's connections to the other ranks; how many were open.
+
+        For a job whose world is gone (an elastic job lost a rank): a
+        collective waiting on a peer fails at once instead of at the
+        transport's timeout. Call :meth:`shutdown` afterwards. A backend
+        without connections has nothing to end.
+        """
+        return 0
+
     @abc.abstractmethod
     def allreduce(
         self,

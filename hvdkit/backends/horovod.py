@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat, _graph_progress, _priority_trial, _threads, config
+from .. import _compat, _graph_progress, _priority_trial, _sockets, _threads, config
 from ..errors import ConfigurationError
 from .base import Backend, ReduceOp
 
@@ -93,10 +93,14 @@ class HorovodBackend(Backend):
                 "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
             )
         setting = config.comm_priority()  # a bad value is refused before the job starts
-        before = _threads.thread_ids()
+        before, sockets_before = _threads.thread_ids(), _sockets.tcp_inodes()
         hvd.init()
         # Horovod's background thread and Gloo's socket loop, started by init
         self.comm_threads = _threads.started_since(before)
+        # Gloo's connections to the other ranks; under MPI, Open MPI's own (to its daemon
+        # too) are not ours to end
+        gloo = hvd.gloo_enabled()
+        self.comm_sockets = _sockets.opened_since(sockets_before) if gloo else set()
         self.comm_priority = "off"
         self._trial: _priority_trial.PriorityTrial | None = None
         self._says_decision = hvd.rank() == 0  # (the trial's thread may end after shutdown)
@@ -151,6 +155,10 @@ class HorovodBackend(Backend):
         hvd.allreduce(
             tf.zeros([1], tf.int32), op=hvd.Sum, name=f"hvdkit.barrier.{next(_barrier_ids)}"
         )
+
+    def abandon(self) -> int:
+        """End the connections Horovod opened at init (see :meth:`Backend.abandon`)."""
+        return _sockets.shut_down(self.comm_sockets)
 
     def shutdown(self) -> None:
         if self._trial is not None:

@@ -466,6 +466,7 @@ class Scheduler:
                     elastic=self.elastic,
                     inplace=reg in inplace,
                     join=reg in joining,
+                    lost=bool(inplace) and not joining,  # this world replaces one that lost a rank
                     **a,
                 )
                 if joining and reg in inplace:

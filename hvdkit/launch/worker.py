@@ -388,7 +388,9 @@ class _ElasticHandover:
             assign["size"],
             assign["round"],
         )
-        body = json.dumps({"round": int(assign["round"]), "env": horovod})
+        body = json.dumps(
+            {"round": int(assign["round"]), "env": horovod, "lost": bool(assign.get("lost"))}
+        )
         _meeting.write(self.folder, _meeting.ASSIGN, body)
 
     def close(self) -> None:

@@ -238,4 +238,25 @@ with c.check("barrier_waits_for_the_late_rank"):
     times = hvd.allgather_object((arrived, left))  # one machine: one clock
     assert times[0][1] >= times[1][0], f"rank 0 left at {times[0][1]}, rank 1 came at {times[1][0]}"
 
+with c.check("abandon_ends_a_wait_that_nothing_else_would"):  # the job's last collective
+    # Rank 0 waits in an allreduce that rank 1 never joins: Horovod waits for ever (it
+    # only warns of a stall). Rank 1 abandons the world instead (hvdkit.elastic does so
+    # when the scheduler says a rank was lost): under Gloo rank 0's wait fails at once,
+    # as for a lost peer, and so does rank 1's next collective.
+    from hvdkit import elastic, runtime
+
+    if hvd.gloo_enabled():
+        if r == 1:
+            time.sleep(0.5)
+            assert runtime.abandon() >= 1  # its connection to rank 0, at least
+        try:
+            hvd.allreduce(np.ones(3, np.float32), name="hvdkit.test.abandoned")
+        except Exception as exc:  # whatever Horovod raises, it is classified
+            assert elastic._peer_lost(exc), repr(exc)
+        else:
+            raise AssertionError("the allreduce returned")
+        runtime.shutdown()
+    else:
+        assert runtime.abandon() == 0  # MPI: nothing of Open MPI's is ended (Gloo only)
+
 c.finish()

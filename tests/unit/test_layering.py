@@ -4,8 +4,9 @@ every import statement.
 Layers, lowest first: ``errors``/``config``/``_progress``/``horovod_only`` (Horovod names
 refused on use) < ``_compat``/``_validate`` (the
 integer-argument rule)/``_graph_progress`` (in-graph progress markers)/``_op_names``
-(rank-stable Horovod names)/``_threads`` (thread priorities)/``_priority_trial``
-(which priority trains faster) < ``backends`` <
+(rank-stable Horovod names)/``_threads`` (thread priorities)/``_sockets`` (a
+process's TCP connections)/``_priority_trial`` (which priority trains faster) <
+``backends`` <
 ``runtime`` < ``collectives``/``compression`` < everything built on them
 (``optimizer``, ``callbacks``, ``data``, ``ops``, ``sink``, ...). A module may
 import only from lower layers or from its own layer. ``launch`` stands beside
@@ -27,7 +28,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
 LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0}
 LAYERS |= {"_checkpoint_files": 1, "_compat": 1, "_validate": 1, "_graph_progress": 1}
-LAYERS |= {"_op_names": 1, "_meeting": 1, "_threads": 1, "_priority_trial": 1}
+LAYERS |= {"_op_names": 1, "_meeting": 1, "_threads": 1, "_sockets": 1, "_priority_trial": 1}
 LAYERS |= {"backends": 2, "runtime": 3}
 LAYERS |= {"collectives": 4, "compression": 4}
 TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
