@@ -116,14 +116,19 @@ def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int,
     None: the scheduler is gone, or a signal told this worker to stop.
     """
     inbox = _Inbox(ch)
-    code, msg = 1, first
+    code, said, msg = 1, "", first
     with processes.stop_signals() as signals:
         while msg is not None and msg.get("type") != "done":
             if msg.get("type") == "assign" and msg.get("inplace"):
-                # Our program ended before its next world reached it (the job finishing).
-                _report(ch, int(msg["round"]), code, "ended before the job's new world formed", [])
+                # Our program ended before its next world reached it (the job finishing,
+                # or it died just as the scheduler sent the world: its report of the old
+                # round came too late to count, so say again how it ended).
+                how = f"{said} before" if code != 0 else "ended before"
+                _report(ch, int(msg["round"]), code, f"{how} the job's new world formed", [])
             elif msg.get("type") == "assign":
-                code = _run_program(ch, inbox, msg, sched_host, token, command, stall, out, signals)
+                code, said = _run_program(
+                    ch, inbox, msg, sched_host, token, command, stall, out, signals
+                )
                 if signals:  # told to stop: no next round for this worker
                     return (code if code == config.EXIT_PREEMPTED else 1), None
             msg = inbox.next()
@@ -411,8 +416,10 @@ def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
     return found
 
 
-def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, signals) -> int:
-    """Run ``command`` as the rank of one round, report how it ended; returns its status."""
+def _run_program(
+    ch, inbox, assign, sched_host, token, command, stall, out, signals
+) -> tuple[int, str]:
+    """Run ``command`` as the rank of one round, report how it ended; (its status, how)."""
     rank, round_ = assign["rank"], int(assign.get("round", 0))
     try:
         iface = interface_for(ch.sock.getsockname()[0])
@@ -513,7 +520,7 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
         log.warning("rank %d stopped after step %d for a preemption", rank, preempted)
         _report(ch, round_, code, detail, out.tail(rank))
         out.reset_tails()
-        return code
+        return code, detail
     if ended.stalled:
         silent = ended.stalled[0][1]
         detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"
@@ -529,5 +536,5 @@ def _run_program(ch, inbox, assign, sched_host, token, command, stall, out, sign
     _report(ch, round_, code, detail, out.tail(rank))
     out.reset_tails()
     if code == 0:
-        return 1 if ended.reasons else 0
-    return code if code > 0 else 1
+        return (1 if ended.reasons else 0), detail
+    return (code if code > 0 else 1), detail

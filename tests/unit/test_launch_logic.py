@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import json
 import socket
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -573,3 +574,48 @@ def test_the_scheduler_requeues_a_waiting_newcomer_without_a_restart_and_names_t
     assert "pid 103 on vm 127.0.0.1 was joining; it waits to join again" in said, said
     assert sched.budget.restarts == 1  # a's program joins again; d cost nothing
     assert queued == [[], [d, a]]  # both wait to join the next round
+
+
+# ------------------------------------------------- a death the scheduler heard too late
+
+
+class _ScriptedChannel(_Wire):
+    """The scheduler's side as a script: ``recv`` gives ``script`` in order, then blocks."""
+
+    def __init__(self, script: list[dict]):
+        super().__init__()
+        self._script = list(script)
+
+    def recv(self):
+        if self._script:
+            return self._script.pop(0)
+        threading.Event().wait()  # the scheduler says nothing more
+
+
+def test_a_program_that_died_as_its_new_world_came_is_reported_with_how_it_died(monkeypatch):
+    """The rank was SIGKILLed just as the scheduler sent the survivors their new world: its
+    report of the old round is ignored as late, so the answer to the new round's assignment
+    must say how the program ended (it said only "ended before ..." before)."""
+    from hvdkit.launch import worker
+
+    ch = _ScriptedChannel(
+        [
+            {"type": "assign", "inplace": True, "round": 2},  # the growing world, too late
+            {"type": "done", "code": 0},
+        ]
+    )
+    died = "killed by signal 9 (SIGKILL)"
+    monkeypatch.setattr(worker, "_run_program", lambda ch, *a: (1, died))
+    first = {"type": "assign", "round": 1, "rank": 0}
+    code, done = worker._run_rounds(ch, first, "127.0.0.1", "t", ["prog"], 8.0, None)
+    assert (code, done) == (1, {"type": "done", "code": 0})
+    late = [m for m in ch.sent if m["type"] == "exit"]
+    assert late == [
+        {
+            "type": "exit",
+            "round": 2,
+            "code": 1,
+            "detail": f"{died} before the job's new world formed",
+            "tail": [],
+        }
+    ]
