@@ -517,6 +517,7 @@ class Scheduler:
         newcomers = {r for r in regs if r not in later} if later else set()
         waiting = set(newcomers)  # newcomers whose programs are not ready yet
         meeting = set(regs) if meet else set()  # ranks not yet ready to start Horovod
+        carried = meet  # the survivors' programs come from the round before (in-process)
         ready_by = time.monotonic() + self.timeout_s
         failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         exited_ok: list[int] = []
@@ -555,8 +556,16 @@ class Scheduler:
                 if reg in remaining and self._training_over(reg.rank, remaining, newcomers):
                     newcomers, waiting, later, meet = set(), set(), {}, False
                 continue
-            if reg not in remaining or (rnd is not None and rnd != reg.round):
+            if reg not in remaining:
+                continue
+            if (
+                rnd is not None
+                and rnd != reg.round
+                and not (carried and reg not in newcomers and code != READY and rnd < reg.round)
+            ):
                 continue  # a late report of an earlier round
+            # (but a survivor carried in-process into this round runs the same program: if
+            # it ended just as its new world was sent, its report of the old round is now)
             if code == READY:
                 if rnd != round_:
                     continue  # ready for a round given up

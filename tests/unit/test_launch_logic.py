@@ -531,6 +531,21 @@ def test_a_survivor_lost_while_a_newcomer_gets_ready_is_the_cause_and_the_newcom
     assert b.channel.sent == c.channel.sent == []  # still in round 1: regrouped next
 
 
+def test_a_survivor_whose_program_ended_as_its_new_world_was_sent_fails_the_new_round():
+    """The CI's chaos test: a survivor froze just as the scheduler sent it the growing
+    world; its worker stopped it at the stall timeout and reported it as of the old round
+    (it had not handed the new one over). That report was ignored as late, and the other
+    survivor waited for the frozen one's "ready" until HVDKIT_SCHED_TIMEOUT. A survivor
+    carried in-process runs the same program: its report is about the round now."""
+    from hvdkit.launch.scheduler import READY
+
+    a, b, c = _workers(5, 5, 6)  # a, b: survivors of round 5; c joins in round 6
+    later = _assigned_later(6, a, b)
+    sched = _elastic_scheduler()
+    result = _watch_events(sched, [a, b, c], 6, later, True, [(c, 6, READY), (a, 5, 1)])
+    assert (result.culprit, result.survivors) == (0, [b, c])
+
+
 def test_a_newcomer_that_dies_before_meeting_is_lost_and_the_other_newcomer_waits():
     a, b, c, d = _workers(1, 1, 2, 2)  # a, b: round 1; c and d join in round 2
     later = _assigned_later(2, a, b)
