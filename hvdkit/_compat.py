@@ -294,6 +294,19 @@ def use_horovodrun_rendezvous(factory) -> None:
     gloo_run.launch_gloo = launch_gloo
 
 
+# When a rank exits non-zero, ``horovodrun --gloo`` (``gloo_run.launch_gloo``)
+# raises a RuntimeError starting with this sentence and naming the first such
+# process and its code; run from the command line it ends in a traceback.
+_HOROVODRUN_RANK_FAILED = "Horovod detected that one or more processes exited with non-zero"
+
+
+def horovodrun_rank_failure(exc: BaseException) -> str | None:
+    """Horovod's message if ``exc`` is horovodrun's "a rank exited non-zero" error, else None."""
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_HOROVODRUN_RANK_FAILED):
+        return str(exc).strip()
+    return None
+
+
 # Keras 3 draws the random numbers of ``keras.random.*`` calls made without a
 # seed (and of ``keras.utils.set_random_seed``'s global generator) from one
 # global ``SeedGenerator``, created on first use and kept in Keras's private

@@ -30,7 +30,16 @@ def main(argv: list[str]) -> int:
     from horovod.runner.launch import run_commandline
 
     sys.argv = ["horovodrun", *argv[2:]]
-    return run_commandline()
+    try:
+        return run_commandline()
+    except RuntimeError as exc:
+        # A rank that exited non-zero (a failure, or 75 after a preemption) is
+        # hvdkitrun's to explain: Horovod's message without its traceback.
+        message = _compat.horovodrun_rank_failure(exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -634,3 +634,21 @@ def test_a_program_that_died_as_its_new_world_came_is_reported_with_how_it_died(
             "tail": [],
         }
     ]
+
+
+def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
+    """Real horovodrun --gloo, one rank exiting 75 (a preempted rank's code)."""
+    import subprocess
+    import sys
+
+    program = [sys.executable, "-c", "import sys; sys.exit(75)"]
+    argv = ["127.0.0.1", "--", "-np", "1", "-H", "localhost:1", "--gloo", *program]
+    done = subprocess.run(
+        [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Exit code: 75" in done.stderr
+    assert "Traceback" not in done.stderr
