@@ -347,8 +347,11 @@ class _ElasticHandover:
     so that every survivor notices a dead peer within seconds.
     """
 
+    PREFIX = "hvdkit-elastic-"  # then this worker's pid, "-", and mkdtemp's letters
+
     def __init__(self, assign: dict, env: dict[str, str]):
-        self.folder = tempfile.mkdtemp(prefix="hvdkit-elastic-")  # mode 700
+        _remove_folders_of_dead_workers(tempfile.gettempdir(), self.PREFIX)
+        self.folder = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")  # mode 700
         env[config.ELASTIC_DIR] = self.folder
         if assign.get("join"):  # our program joins running survivors: it meets them first
             env[config.ELASTIC_JOIN] = "1"
@@ -400,6 +403,34 @@ class _ElasticHandover:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _remove_folders_of_dead_workers(parent: str, prefix: str) -> list[str]:
+    """Remove ``parent/<prefix><pid>-*`` folders of this user whose worker is gone; their paths.
+
+    A worker removes its hand-over folder when its program ends; a worker
+    killed with SIGKILL cannot, so the next worker on the machine does. A
+    folder is kept while a process with its pid exists (a reused pid keeps it
+    until that process ends too).
+    """
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if not name.startswith(prefix) or not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid() or os.path.islink(path):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:

@@ -652,3 +652,38 @@ def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
     assert done.returncode == 1, done.stderr
     assert "Exit code: 75" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from hvdkit.launch import worker
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a worker killed with SIGKILL: its pid no longer exists
+    prefix = worker._ElasticHandover.PREFIX
+    dead = tmp_path / f"{prefix}{gone.pid}-abc"
+    alive = tmp_path / f"{prefix}{os.getpid()}-xyz"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "assign.json").write_text("{}")
+    alive.mkdir()
+    (tmp_path / f"{prefix}old").mkdir()  # hvdkit before pids in the name: left alone
+    (tmp_path / f"other-{gone.pid}-abc").mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / f"{prefix}{gone.pid}-lnk").symlink_to(target)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    env: dict[str, str] = {}
+    handover = worker._ElasticHandover({"rank": 0}, env)
+    mine = os.path.basename(handover.folder)
+    assert mine.startswith(f"{prefix}{os.getpid()}-")
+    assert env[config.ELASTIC_DIR] == handover.folder
+    left = sorted(p.name for p in tmp_path.iterdir())
+    kept = [alive.name, f"{prefix}{gone.pid}-lnk", f"{prefix}old", f"other-{gone.pid}-abc"]
+    assert left == sorted([*kept, mine, "target"])
+    handover.close()
+    assert not os.path.exists(handover.folder)
