@@ -18,7 +18,9 @@ single-process TensorFlow code are marked ``# hvdkit:``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -115,6 +117,7 @@ def main() -> int:
     data_dir = args.data_dir
     if data_dir is None:
         data_dir = tempfile.mkdtemp(prefix="mnist-format-")  # each rank writes the same files
+        atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
         write_mnist_format(Path(data_dir))
 
     # hvdkit: this rank's shard (equal lengths on every rank), staged ahead of the step
