@@ -294,6 +294,65 @@ def use_horovodrun_rendezvous(factory) -> None:
     gloo_run.launch_gloo = launch_gloo
 
 
+# Before it starts a job, ``horovodrun`` checks that Horovod was built with the
+# transport asked for (``horovod.runner.launch.gloo_built`` / ``mpi_built``,
+# imported there from ``horovod.common.util``). Each check forks a child that
+# imports ``horovod.tensorflow``, i.e. TensorFlow: 7 s of CPU (14 s of wall on
+# a loaded 2-core machine) at every launch and every restart, before any rank
+# starts. The answer is one C function of Horovod's TensorFlow extension
+# (``horovod_gloo_built``, ``horovod_mpi_built``), which needs TensorFlow's two
+# shared libraries loaded first, not its Python package: a child that loads
+# just those three answers in about 1 s. Where it cannot (another layout of
+# TensorFlow's or Horovod's files), Horovod's own check runs as before.
+_TF_LIBRARIES = ("libtensorflow_framework.so.2", "libtensorflow_cc.so.2")
+_BUILT_PROBE = """
+import ctypes, glob, importlib.util, os, sys
+tf = os.path.dirname(importlib.util.find_spec("tensorflow").origin)
+for name in sys.argv[2:]:
+    ctypes.CDLL(os.path.join(tf, name), mode=ctypes.RTLD_GLOBAL)
+hvd = os.path.dirname(importlib.util.find_spec("horovod").origin)
+(ext,) = glob.glob(os.path.join(hvd, "tensorflow", "mpi_lib*.so"))
+print(int(bool(getattr(ctypes.CDLL(ext, mode=ctypes.RTLD_GLOBAL), sys.argv[1])())))
+"""
+
+
+def horovod_tf_built(transport: str) -> bool | None:
+    """Whether Horovod's TensorFlow extension has ``transport`` ("gloo", "mpi", "nccl").
+
+    Asked in a child process that does not import TensorFlow; None when it
+    cannot tell (then ask Horovod: ``horovod.common.util.gloo_built()``).
+    """
+    import subprocess
+    import sys
+
+    probe = [sys.executable, "-c", _BUILT_PROBE, f"horovod_{transport}_built", *_TF_LIBRARIES]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    return {"1": True, "0": False}.get(answer[0]) if answer else None
+
+
+def use_quick_build_checks() -> None:
+    """Make ``horovodrun`` run in this process check its build with :func:`horovod_tf_built`."""
+    from horovod.runner import launch
+
+    def quick(transport, horovods_own):
+        answers = {}
+
+        def built(verbose=False):
+            if transport not in answers:
+                answers[transport] = horovod_tf_built(transport)
+            answer = answers[transport]
+            return horovods_own(verbose=verbose) if answer is None else answer
+
+        return built
+
+    launch.gloo_built = quick("gloo", launch.gloo_built)
+    launch.mpi_built = quick("mpi", launch.mpi_built)
+
+
 # When a rank exits non-zero, ``horovodrun --gloo`` (``gloo_run.launch_gloo``)
 # raises a RuntimeError starting with this sentence and naming the first such
 # process and its code; run from the command line it ends in a traceback.

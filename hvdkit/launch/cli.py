@@ -215,10 +215,10 @@ def run(argv: list[str] | None = None) -> int:
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
-    horovodrun = _horovodrun()
+    _horovodrun()  # installed, or a clear error
     token, token_file = _job_token()
     env = _ranks_env(transport, token, checkpoint_dir, stall)
-    cmd = _horovodrun_command(horovodrun, transport, np_, hosts, args.start_timeout, command)
+    cmd = _horovodrun_command(transport, np_, hosts, args.start_timeout, command)
     own_file = None  # a token file hvdkitrun wrote, removed when it ends
     if transport == GLOO:
         if not token_file:
@@ -317,17 +317,16 @@ def _ranks_env(transport: str, token: str, checkpoint_dir: str | None, stall: fl
     return env
 
 
-def _horovodrun_command(horovodrun, transport, np_, hosts, start_timeout, command) -> list[str]:
+def _horovodrun_command(transport, np_, hosts, start_timeout, command) -> list[str]:
     host_arg = ",".join(f"{h}:{s}" for h, s in hosts)
     options = ["-np", str(np_), "-H", host_arg, f"--{transport}"]
     options += ["--start-timeout", str(start_timeout)]
-    if transport == GLOO:
-        # horovodrun's own rendezvous server would listen on every interface
-        # and answer anyone: run horovodrun with a guarded one (see guard.py).
-        remote = _addresses(h for h, _ in hosts if not _is_local(h))
-        guarded = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
-        return [*guarded, *options, *command]
-    return [horovodrun, *options, *command]
+    # horovodrun runs inside hvdkit's wrapper (guarded_horovodrun.py): its build
+    # check does not import TensorFlow, and under Gloo its rendezvous server
+    # (which would listen on every interface and answer anyone) is a guarded one.
+    remote = _addresses(h for h, _ in hosts if not _is_local(h)) if transport == GLOO else []
+    wrapper = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
+    return [*wrapper, *options, *command]
 
 
 @dataclass

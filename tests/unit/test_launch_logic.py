@@ -687,3 +687,44 @@ def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, 
     assert left == sorted([*kept, mine, "target"])
     handover.close()
     assert not os.path.exists(handover.folder)
+
+
+def test_horovodruns_build_check_answers_as_horovod_without_importing_tensorflow():
+    """hvdkitrun's horovodrun asks the extension in a child that loads no TensorFlow package."""
+    import subprocess
+    import sys
+
+    import hvdkit
+    from hvdkit import _compat
+
+    # the oracle: Horovod's extension asked in this process, after TensorFlow's import
+    own = {"gloo": hvdkit.gloo_built(), "mpi": hvdkit.mpi_built()}
+    own["nccl"] = bool(hvdkit.nccl_built())
+    assert {t: _compat.horovod_tf_built(t) for t in own} == own
+    assert _compat.horovod_tf_built("no_such") is None  # cannot tell: Horovod's check runs
+    script = (
+        "import sys\n"
+        "from horovod.common import util\n"
+        "def refuse(*a, **k): raise AssertionError('Horovod imported TensorFlow to check')\n"
+        "util._check_extension_lambda = refuse\n"
+        "from hvdkit import _compat\n"
+        "_compat.use_quick_build_checks()\n"
+        "from horovod.runner import launch\n"
+        "print(launch.gloo_built(), launch.mpi_built(verbose=True), 'tensorflow' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(own["gloo"]), str(own["mpi"]), "False"]
+
+
+def test_horovodruns_own_build_check_runs_where_the_quick_one_cannot_tell(monkeypatch):
+    from horovod.runner import launch
+
+    from hvdkit import _compat
+
+    monkeypatch.setattr(launch, "gloo_built", lambda verbose=False: f"Horovod's, verbose={verbose}")
+    monkeypatch.setattr(launch, "mpi_built", lambda verbose=False: "Horovod's")
+    monkeypatch.setattr(_compat, "horovod_tf_built", lambda transport: None)
+    _compat.use_quick_build_checks()
+    assert launch.gloo_built(verbose=True) == "Horovod's, verbose=True"
+    assert launch.mpi_built() == "Horovod's"
