@@ -336,16 +336,16 @@ def horovod_tf_built(transport: str) -> bool | None:
 
 def use_quick_build_checks() -> None:
     """Make ``horovodrun`` run in this process check its build with :func:`horovod_tf_built`."""
+    import functools
+
     from horovod.runner import launch
 
     def quick(transport, horovods_own):
-        answers = {}
+        answer = functools.cache(lambda: horovod_tf_built(transport))
 
         def built(verbose=False):
-            if transport not in answers:
-                answers[transport] = horovod_tf_built(transport)
-            answer = answers[transport]
-            return horovods_own(verbose=verbose) if answer is None else answer
+            known = answer()
+            return horovods_own(verbose=verbose) if known is None else known
 
         return built
 

@@ -200,7 +200,7 @@ def _addresses(names) -> list[str]:
 def run(argv: list[str] | None = None) -> int:
     """hvdkitrun from its arguments to its exit status; the steps below, in this order.
 
-    Parse; choose the transport (announced unless given); find horovodrun;
+    Parse; choose the transport (announced unless given); check horovodrun is installed;
     settle the job token, the ranks' environment and the horovodrun command;
     then run the job, again after a failure while the restart budget lasts.
     """
@@ -215,7 +215,7 @@ def run(argv: list[str] | None = None) -> int:
     stall = stall_timeout(args.stall_timeout)
     budget = RestartBudget(restart.max_restarts(args.max_restarts))
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
-    _horovodrun()  # installed, or a clear error
+    _require_horovodrun()
     token, token_file = _job_token()
     env = _ranks_env(transport, token, checkpoint_dir, stall)
     cmd = _horovodrun_command(transport, np_, hosts, args.start_timeout, command)
@@ -269,14 +269,13 @@ def _default_transport(hosts: list[tuple[str, int]], np_: int) -> tuple[str, str
     return transport, announce
 
 
-def _horovodrun() -> str:
-    horovodrun = processes.find_tool("horovodrun")
-    if horovodrun is None:
+def _require_horovodrun() -> None:
+    """Horovod's launcher is installed (hvdkitrun runs it in-process), or a clear error."""
+    if processes.find_tool("horovodrun") is None:
         raise LaunchError(
             f"horovodrun is neither beside {sys.executable} nor on PATH; install Horovod into "
             "this Python (scripts/install.sh does) or put horovodrun on PATH."
         )
-    return horovodrun
 
 
 def _monitor_addresses(hosts: list[tuple[str, int]]) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -405,32 +406,31 @@ class _ElasticHandover:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _remove_folders_of_dead_workers(parent: str, prefix: str) -> list[str]:
-    """Remove ``parent/<prefix><pid>-*`` folders of this user whose worker is gone; their paths.
+def _remove_folders_of_dead_workers(parent: str, prefix: str) -> None:
+    """Remove the ``parent/<prefix><pid>-*`` folders of this user whose worker is gone.
 
     A worker removes its hand-over folder when its program ends; a worker
     killed with SIGKILL cannot, so the next worker on the machine does. A
     folder is kept while a process with its pid exists (a reused pid keeps it
-    until that process ends too).
+    until that process ends too); symlinks and other users' entries are left.
     """
-    removed = []
     try:
         names = os.listdir(parent)
     except OSError:
-        return removed
+        return
     for name in names:
+        if not name.startswith(prefix):
+            continue
         pid = name[len(prefix) :].split("-", 1)[0]
-        if not name.startswith(prefix) or not pid.isdigit() or psutil.pid_exists(int(pid)):
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):
             continue
         path = os.path.join(parent, name)
         try:
-            if os.lstat(path).st_uid != os.getuid() or os.path.islink(path):
-                continue
+            st = os.lstat(path)
         except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+        if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode):  # a symlink is not
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:

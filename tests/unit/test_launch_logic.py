@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 from types import SimpleNamespace
 
@@ -336,8 +340,6 @@ def test_placed_is_where_horovodrun_puts_the_processes(hosts, np_, expected):
 
 
 def test_this_machine_includes_its_own_addresses_not_others():
-    import socket
-
     assert cli._is_this_machine("localhost")
     assert cli._is_this_machine("127.0.0.1")
     assert cli._is_this_machine(socket.gethostname())
@@ -400,8 +402,6 @@ def _watch_events(sched, regs, round_, later, meet, events):
     The watch runs on a thread: a watch that never ends (the bug these
     tests are about) fails the test at a deadline instead of hanging it.
     """
-    import threading
-
     from hvdkit.launch.scheduler import READY
 
     for reg, rnd, code in events:
@@ -638,8 +638,6 @@ def test_a_program_that_died_as_its_new_world_came_is_reported_with_how_it_died(
 
 def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
     """Real horovodrun --gloo, one rank exiting 75 (a preempted rank's code)."""
-    import subprocess
-    import sys
 
     program = [sys.executable, "-c", "import sys; sys.exit(75)"]
     argv = ["127.0.0.1", "--", "-np", "1", "-H", "localhost:1", "--gloo", *program]
@@ -655,10 +653,6 @@ def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
 
 
 def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, monkeypatch):
-    import os
-    import subprocess
-    import sys
-    import tempfile
 
     from hvdkit.launch import worker
 
@@ -691,8 +685,6 @@ def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, 
 
 def test_horovodruns_build_check_answers_as_horovod_without_importing_tensorflow():
     """hvdkitrun's horovodrun asks the extension in a child that loads no TensorFlow package."""
-    import subprocess
-    import sys
 
     import hvdkit
     from hvdkit import _compat
