@@ -11,7 +11,8 @@ processes. Prints a table (seconds after the death, median over the runs)
 and writes ``bench_results/elastic.json``. The phases, per survivor:
 
 * ``detected``: death -> its collective fails (Gloo sees the peer's
-  connection close, or its 2 s timeout passes);
+  connection close, the scheduler's word ends its connections, or Gloo's
+  timeout passes);
 * ``rejoin``: leaving Horovod, waiting for the scheduler's new world (via
   the worker), and starting Horovod again in it (``hvdkit.init()``);
 * ``roll_back``: the last save's state from memory, broadcast from rank 0,

@@ -20,10 +20,11 @@ Its files pass through it, each written whole (a rename) by one side:
   another world, so the scheduler takes no newcomer from then on.
 
 Gloo gives a rendezvous the same few seconds as any other operation
-(``HOROVOD_GLOO_TIMEOUT_SECONDS``, 2 s in elastic jobs), and ranks notice a
-lost peer up to that long apart, more on a loaded machine: a rank that
-started Horovod first would time out waiting for the others and abort. The
-``go`` makes every rank start within moments of the others.
+(``HOROVOD_GLOO_TIMEOUT_SECONDS``, :data:`hvdkit.config.ELASTIC_GLOO_TIMEOUT_S`
+in elastic jobs), and ranks notice a lost peer up to that long apart, more on
+a loaded machine: a rank that started Horovod first would time out waiting
+for the others and abort. The ``go`` makes every rank start within moments
+of the others.
 """
 
 from __future__ import annotations

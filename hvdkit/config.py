@@ -45,7 +45,7 @@ DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
 ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment
 GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # Horovod's: how long a Gloo peer may be silent
-ELASTIC_GLOO_TIMEOUT_S = 2  # in elastic jobs: a dead peer is noticed this fast
+ELASTIC_GLOO_TIMEOUT_S = 5  # in elastic jobs: the longest a silent Gloo peer is waited for
 ELASTIC_JOIN = "HVDKIT_ELASTIC_JOIN"  # set by a worker: this rank joins running survivors
 
 # scheduler/worker rendezvous (MindSpore's MS_* names accepted as aliases)
