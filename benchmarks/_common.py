@@ -5,6 +5,7 @@ env = job_env(REPO, REPO / "examples")     # ... and examples/
 env = job_env(HOROVOD_CYCLE_TIME="0.1")    # plus one of Horovod's knobs
 seconds = best_seconds(lambda: run(100), repeats=2)   # inside a job, after hvdkit.init()
 path = write_results("elastic", {"median": med})   # bench_results/elastic.json
+share = steal_share(before, cpu_ticks())    # host's steal time (hvdkit.launch.transport)
 """
 
 from __future__ import annotations
@@ -56,3 +57,18 @@ def write_results(name: str, payload: dict) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))
     return out
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of the time between two ``cpu_ticks()`` that the host ran others (steal).
+
+    On a virtual machine the host may give its cores to other guests; a step
+    time measured then measures them too (performance-record.md, runs 8-10).
+
+    Example:
+        >>> steal_share([10, 0, 5, 80, 0, 0, 0, 5], [20, 0, 10, 150, 0, 0, 0, 20])
+        0.15
+    """
+    if before is None or after is None or sum(after) <= sum(before):
+        return None
+    return round((after[7] - before[7]) / (sum(after) - sum(before)), 4)

@@ -57,6 +57,12 @@ gradients, a 0.25 s step, backward 2/3 of it) at 8/32/128 hosts on 10 Gbit/s
 line rate, with the hidden fraction measured here at 1 Gbit/s (where the wire,
 not the single core, bounds the allreduce).
 
+Each job also records the share of its time the virtual machine's host gave
+the cores to others (steal, from ``/proc/stat``); a job with more than
+``STEAL_LIMIT`` of it, or whose raw Horovod step and its control differ by
+more than ``CONTROL_BAND``, is reported as "not a measurement", with why
+(runs 8-10 of docs/performance-record.md were such runs).
+
 Prints tables, writes bench_results/overlap.json and docs/overlap_bench.svg.
 A benchmark, not a test: nothing here fails on a slow machine.
 """
@@ -77,7 +83,10 @@ from xml.sax.saxutils import escape
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import multihost as mh
+from _common import steal_share
 from _svg import document
+
+from hvdkit.launch.transport import cpu_ticks
 
 REPO = mh.REPO
 LINKS = ("1gbit", "10gbit")
@@ -86,6 +95,8 @@ BUCKET_SWEEP = (0, 1 << 20, 16 << 20)  # besides one bucket and the default
 MODEL_HOSTS = mh.MODEL_HOSTS
 LINE_RATE_10G = 10e9 / 8  # bytes/s
 SCHED_PORT = 29820
+STEAL_LIMIT = 0.05  # share of a job's time the host ran other guests on our cores
+CONTROL_BAND = (0.95, 1.05)  # raw Horovod's step over its control's, a quiet machine's range
 
 
 # ----------------------------------------------------------------- analysis (pure)
@@ -135,6 +146,26 @@ def summarise(job: dict) -> dict:
         out["over_raw"][k] = statistics.median(r[raw] / r[k] for r in rounds)
         out["over_raw_tape"][k] = statistics.median(r["raw_horovod"] / r[k] for r in rounds)
     return out
+
+
+def doubts(summary: dict, steal: float | None) -> list[str]:
+    """Why a job's ratios are not a measurement (empty: no reason found).
+
+    ``summary`` is :func:`summarise`'s; ``steal`` the job's steal share
+    (``None``: unknown, not a reason). Runs before the control existed have
+    no control to judge by.
+
+    Example:
+        >>> doubts({"over_raw": {"raw_horovod_b": 1.14}}, 0.3)
+        ['the host took 30 % of the time (steal)', 'raw Horovod and its control 1.14x apart']
+    """
+    why = []
+    if steal is not None and steal > STEAL_LIMIT:
+        why.append(f"the host took {steal * 100:.0f} % of the time (steal)")
+    control = summary["over_raw"].get("raw_horovod_b")
+    if control is not None and not CONTROL_BAND[0] <= control <= CONTROL_BAND[1]:
+        why.append(f"raw Horovod and its control {control:.2f}x apart")
+    return why
 
 
 # ----------------------------------------------------------------- the job (one rank)
@@ -441,11 +472,13 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
                     out = tmp / "job.json"
                     argv = _worker_argv(args.steps, args.rounds, out)
                     print(f"  {transport}:", flush=True)
+                    ticks = cpu_ticks()
                     if transport == "gloo":
                         got = mh.run_job(lab, argv, out, tmp, SCHED_PORT + len(jobs))
                     else:
                         got = mh.run_job_mpi(lab, argv, out, tmp)
                     got["transport"] = transport
+                    got["steal"] = steal_share(ticks, cpu_ticks())
                     jobs.append({"link": link, "probe": pr, **got})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -475,7 +508,9 @@ def analyse(jobs: list[dict]) -> dict:
             fit = mh.fit_alpha_beta(xs, ys, 2, alpha)
         except ValueError:
             fit = None
-        out["jobs"].append({"link": job["link"], "transport": job["transport"], **s, "fit": fit})
+        why = doubts(s, job.get("steal"))  # runs before 2026-11-27 did not record steal
+        row = {"link": job["link"], "transport": job["transport"], **s, "fit": fit}
+        out["jobs"].append({**row, "steal": job.get("steal"), "doubts": why})
     nbytes = 4 * mh.MODEL_PARAMS
     backward = mh.BACKWARD_SHARE * mh.STEP_TIME_S
     for transport in sorted({j["transport"] for j in out["jobs"]}):
@@ -527,6 +562,10 @@ def print_report(jobs: list[dict], analysis: dict) -> None:
                 f"  {k:18s}{med[k] * 1e3:8.1f}{a['hidden'][k]:8.2f}{a['over_raw'][k]:8.2f}"
                 f"{a['over_raw_tape'][k]:8.2f}"
             )
+        if a["steal"] is not None:
+            print(f"  steal (the host running others on these cores): {a['steal'] * 100:.1f} %")
+        if a["doubts"]:
+            print(f"  NOT A MEASUREMENT: {'; '.join(a['doubts'])}")
         tl = job["timeline"]
         first = tl["buckets"][0]
         print(
@@ -546,6 +585,9 @@ def print_report(jobs: list[dict], analysis: dict) -> None:
         print(f"  {row['transport']:6s}{row['variant']:18s}{row['hidden']:7.2f}{cells}")
     for transport, h in analysis.get("hidden_needed_for_90pct_at_32", {}).items():
         print(f"  {transport}: 90 % at 32 hosts needs a hidden fraction of {h:.2f}")
+    doubtful = [f"{a['link']} {a['transport']}" for a in analysis["jobs"] if a["doubts"]]
+    if doubtful:
+        print(f"  not a measurement (above): {', '.join(doubtful)}; these predictions neither")
 
 
 # ----------------------------------------------------------------- picture

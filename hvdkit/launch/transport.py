@@ -133,17 +133,25 @@ def ranks_yield(environ: Mapping[str, str]) -> bool:
     return value not in ("0", "false", "no", "f", "n")
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores from ``/proc/stat``; ``None`` where there is none."""
+def cpu_ticks() -> list[int] | None:
+    """All cores' ticks from ``/proc/stat``; ``None`` where there is none (not Linux).
+
+    In order: user nice system idle iowait irq softirq steal (guest time is
+    inside user).
+    """
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
+    return [int(v) for v in fields[1:9]] if fields[:1] == ["cpu"] else None
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) ticks of all cores; ``None`` where ``/proc/stat`` is missing."""
+    ticks = cpu_ticks()
+    if ticks is None:
         return None
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    ticks = [int(v) for v in fields[1:9]]
     idle = ticks[3] + ticks[4]
     return sum(ticks) - idle, sum(ticks)
 

@@ -9,6 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import overlap
+from _common import steal_share
+
+from hvdkit.launch.transport import cpu_ticks
 
 ROUND = {  # seconds per step; backward = 0.6 - 0.2 = 0.4, hideable = min(0.3, 0.4) = 0.3
     "forward": 0.2,
@@ -51,3 +54,24 @@ def test_each_round_is_set_against_its_own_references_then_the_median():
 def test_a_round_without_anything_to_hide_is_refused():
     with pytest.raises(ValueError, match="allreduce=0"):
         overlap.hidden_fraction(0.6, 0.0, 0.4, 0.6)
+
+
+def test_a_job_on_a_stolen_or_noisy_machine_is_not_a_measurement():
+    quiet = overlap.summarise({"rounds": [{**ROUND, "raw_horovod_b": 0.7 / 1.03}]})
+    assert overlap.doubts(quiet, 0.01) == []
+    assert overlap.doubts(quiet, None) == []  # steal unknown: no reason by itself
+    assert overlap.doubts(quiet, 0.2) == ["the host took 20 % of the time (steal)"]
+    noisy = overlap.summarise({"rounds": [{**ROUND, "raw_horovod_b": 0.7 / 1.14}]})
+    assert noisy["over_raw"]["raw_horovod_b"] == pytest.approx(1.14)
+    assert overlap.doubts(noisy, 0.0) == ["raw Horovod and its control 1.14x apart"]
+    # runs before the control existed are judged by steal alone
+    assert overlap.doubts(overlap.summarise({"rounds": [ROUND]}), 0.0) == []
+
+
+def test_steal_share_is_the_steal_ticks_over_all_ticks_between_two_readings():
+    # user nice system idle iowait irq softirq steal
+    assert steal_share([0, 0, 0, 0, 0, 0, 0, 0], [30, 0, 10, 40, 0, 0, 0, 20]) == 0.2
+    assert steal_share([5] * 8, [5] * 8) is None  # no time passed
+    assert steal_share(None, [1] * 8) is None
+    ticks = cpu_ticks()  # this Linux machine has /proc/stat
+    assert ticks is not None and len(ticks) == 8 and all(t >= 0 for t in ticks)
