@@ -5,7 +5,7 @@ env = job_env(REPO, REPO / "examples")     # ... and examples/
 env = job_env(HOROVOD_CYCLE_TIME="0.1")    # plus one of Horovod's knobs
 seconds = best_seconds(lambda: run(100), repeats=2)   # inside a job, after hvdkit.init()
 path = write_results("elastic", {"median": med})   # bench_results/elastic.json
-share = steal_share(before, cpu_ticks())    # host's steal time (hvdkit.launch.transport)
+share = steal_share(before, cpu_ticks())   # share of time the host ran others (steal)
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def steal_share(before: list[int] | None, after: list[int] | None) -> float | No
         >>> steal_share([10, 0, 5, 80, 0, 0, 0, 5], [20, 0, 10, 150, 0, 0, 0, 20])
         0.15
     """
-    if before is None or after is None or sum(after) <= sum(before):
+    if before is None or after is None or min(len(before), len(after)) < 8:
+        return None  # no /proc/stat, or a kernel without the steal column
+    if sum(after) <= sum(before):
         return None
     return round((after[7] - before[7]) / (sum(after) - sum(before)), 4)

@@ -59,8 +59,8 @@ not the single core, bounds the allreduce).
 
 Each job also records the share of its time the virtual machine's host gave
 the cores to others (steal, from ``/proc/stat``); a job with more than
-``STEAL_LIMIT`` of it, or whose raw Horovod step and its control differ by
-more than ``CONTROL_BAND``, is reported as "not a measurement", with why
+``STEAL_LIMIT`` of it, or whose raw Horovod step over its control's falls
+outside ``CONTROL_BAND``, is reported as "not a measurement", with why
 (runs 8-10 of docs/performance-record.md were such runs).
 
 Prints tables, writes bench_results/overlap.json and docs/overlap_bench.svg.
@@ -585,9 +585,10 @@ def print_report(jobs: list[dict], analysis: dict) -> None:
         print(f"  {row['transport']:6s}{row['variant']:18s}{row['hidden']:7.2f}{cells}")
     for transport, h in analysis.get("hidden_needed_for_90pct_at_32", {}).items():
         print(f"  {transport}: 90 % at 32 hosts needs a hidden fraction of {h:.2f}")
-    doubtful = [f"{a['link']} {a['transport']}" for a in analysis["jobs"] if a["doubts"]]
-    if doubtful:
-        print(f"  not a measurement (above): {', '.join(doubtful)}; these predictions neither")
+    doubtful = [a for a in analysis["jobs"] if a["doubts"]]
+    for transport in sorted({a["transport"] for a in doubtful}):
+        jobs_ = ", ".join(a["link"] for a in doubtful if a["transport"] == transport)
+        print(f"  {transport}: predictions use a job that is not a measurement ({jobs_})")
 
 
 # ----------------------------------------------------------------- picture

@@ -3,9 +3,9 @@
 In a scheduler/worker job started with ``HVDKIT_ELASTIC=1`` (and
 ``HVDKIT_MIN_WORKERS`` below ``HVDKIT_WORKER_NUM``), when a rank or its
 worker dies the others do not stop. Each survivor's collective fails: the
-dead rank's peers see its connection close, and the others' connections are
-ended when the scheduler's new world reaches their worker (where that cannot
-be done, Horovod's Gloo timeout ends the wait:
+dead rank's direct Gloo peers see its connection close, and the others'
+connections are ended when the scheduler's new world reaches their worker
+(where that cannot be done, Horovod's Gloo timeout ends the wait:
 :data:`hvdkit.config.ELASTIC_GLOO_TIMEOUT_S` in such jobs). :func:`run`
 catches that failure, leaves Horovod, waits for the scheduler's new assignment (its worker leaves
 it in ``HVDKIT_ELASTIC_DIR``), starts Horovod again as a rank of the smaller

@@ -607,7 +607,8 @@ class Scheduler:
                 and len(remaining) >= self.min_workers
                 and not (preempt_sent or self._finishing)
             ):
-                # The others' programs notice the dead peer (Gloo's timeout) and
+                # The others' programs notice the dead peer (a closed connection, our
+                # word through their workers, or Gloo's timeout) and
                 # wait for their next assignment: no abort, no restart.
                 return RoundResult(rank, detail, tuple(tail), survivors=list(remaining))
             if detail.startswith(STUCK) and not described:

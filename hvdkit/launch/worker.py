@@ -345,7 +345,9 @@ class _ElasticHandover:
     peer died leaves Horovod, waits for ``assign.json`` here (written
     atomically, mode 600 in a mode-700 folder), and joins the new world
     in-process (:mod:`hvdkit.elastic`). Horovod's Gloo timeout is shortened
-    so that every survivor notices a dead peer within seconds.
+    (``config.ELASTIC_GLOO_TIMEOUT_S`` unless already set): it bounds a wait
+    on a silent peer where the scheduler's word cannot end it, and
+    ``hvd.init``'s connect.
     """
 
     PREFIX = "hvdkit-elastic-"  # then this worker's pid, "-", and mkdtemp's letters
