@@ -17,6 +17,7 @@ launcher (which needs neither) can use the Horovod launch quirks cheaply.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import socket
 
@@ -336,8 +337,6 @@ def horovod_tf_built(transport: str) -> bool | None:
 
 def use_quick_build_checks() -> None:
     """Make ``horovodrun`` run in this process check its build with :func:`horovod_tf_built`."""
-    import functools
-
     from horovod.runner import launch
 
     def quick(transport, horovods_own):

@@ -7,14 +7,15 @@ dead rank's direct Gloo peers see its connection close, and the others'
 connections are ended when the scheduler's new world reaches their worker
 (where that cannot be done, Horovod's Gloo timeout ends the wait:
 :data:`hvdkit.config.ELASTIC_GLOO_TIMEOUT_S` in such jobs). :func:`run`
-catches that failure, leaves Horovod, waits for the scheduler's new assignment (its worker leaves
-it in ``HVDKIT_ELASTIC_DIR``), starts Horovod again as a rank of the smaller
-world, rolls the :class:`~hvdkit.Checkpointer`'s state back to its last save
-(kept in memory on every rank), re-shards the sampler's rest of the epoch
-over the new world, and calls the training function again (Horovod's
-``hvd.elastic.run`` contract, with the Checkpointer as the state). TensorFlow, the
-model and the optimizer stay in memory; only the steps since the last save
-are trained again.
+catches that failure, leaves Horovod, waits for the scheduler's new
+assignment (its worker leaves it in ``HVDKIT_ELASTIC_DIR``), starts Horovod
+again as a rank of the smaller world, rolls the
+:class:`~hvdkit.Checkpointer`'s state back to its last save (kept in memory
+on every rank), re-shards the sampler's rest of the epoch over the new
+world, and calls the training function again (Horovod's
+``hvd.elastic.run`` contract, with the Checkpointer as the state).
+TensorFlow, the model and the optimizer stay in memory; only the steps
+since the last save are trained again.
 
 While the job runs on fewer workers than ``HVDKIT_WORKER_NUM``, a worker that
 registers joins it: once its program is about to start Horovod, the

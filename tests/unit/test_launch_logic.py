@@ -638,7 +638,6 @@ def test_a_program_that_died_as_its_new_world_came_is_reported_with_how_it_died(
 
 def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
     """Real horovodrun --gloo, one rank exiting 75 (a preempted rank's code)."""
-
     program = [sys.executable, "-c", "import sys; sys.exit(75)"]
     argv = ["127.0.0.1", "--", "-np", "1", "-H", "localhost:1", "--gloo", *program]
     done = subprocess.run(
@@ -653,7 +652,6 @@ def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
 
 
 def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, monkeypatch):
-
     from hvdkit.launch import worker
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -685,7 +683,6 @@ def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, 
 
 def test_horovodruns_build_check_answers_as_horovod_without_importing_tensorflow():
     """hvdkitrun's horovodrun asks the extension in a child that loads no TensorFlow package."""
-
     import hvdkit
     from hvdkit import _compat
 
