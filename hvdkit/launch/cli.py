@@ -227,7 +227,7 @@ def run(argv: list[str] | None = None) -> int:
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
     if announce:
         out.launcher_line(announce)
-    job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts))
+    job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
     try:
         return _run_with_restarts(job, budget, checkpoint_dir)
     finally:
@@ -339,6 +339,7 @@ class _Job:
     token: str
     bind: str  # the heartbeat receiver's address
     seen_as: str  # this machine's address as the ranks see it
+    np: int  # the number of ranks
 
 
 def _run_with_restarts(job: _Job, budget: RestartBudget, checkpoint_dir: str | None) -> int:
@@ -393,6 +394,9 @@ class _Attempt:
         self.monitor = HeartbeatMonitor(job.token, bind_host=job.bind)
         self.ranks: dict[int, object] = {}  # rank -> its process here (psutil), once reported
         self.stop_now: list[str] = []  # why the job is stopped at once (supervise's reasons)
+        # Ranks that had finished when the first signal was acted on (None: not acted on).
+        self.finished_at_signal: int | None = None
+        self.signal_seen_at = 0.0  # time.monotonic() then
         self.forward = SigtermForwarding(config.preempt_grace(), job.out.launcher_line, "hvdkitrun")
         self.child = None
 
@@ -432,7 +436,22 @@ class _Attempt:
                 "checkpoint holds; run the same command again to resume from it."
             )
             return EXIT_PREEMPTED, None
+        if self.interrupted and ended.returncode == 0 and self.was_complete(exited_ok):
+            job.out.launcher_line(
+                f"hvdkitrun: {self.interrupted[0]} arrived after every rank had finished; "
+                "the job is complete."
+            )
+            return 0, None
         return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
+
+    def was_complete(self, exited_ok: list[int]) -> bool:
+        """Whether every rank had finished before a signal was passed on or acted on.
+
+        A signal that arrived after the last poll reached no rank: the ranks'
+        clean exits were their own.
+        """
+        finished = self.finished_at_signal
+        return (len(exited_ok) if finished is None else finished) >= self.job.np
 
     def known(self) -> list:
         """The rank processes found so far (ours: in horovodrun's tree)."""
@@ -444,14 +463,26 @@ class _Attempt:
                 self.ranks[r] = processes.descendant(self.child.pid, pid)
 
     def on_tick(self) -> None:
-        """Every poll: find new ranks; act on a signal (SIGTERM: pass it on first)."""
+        """Every poll: find new ranks; act on a signal (SIGTERM: pass it on first).
+
+        A ``SIGTERM`` that arrives once every rank has finished is not passed
+        on: the ranks are left to exit (within the grace period), and the job
+        ends as complete.
+        """
         self.track_local_ranks()
-        if self.interrupted and not self.stop_now:
-            others = [s for s in self.interrupted if s != "SIGTERM"]
-            if others:  # Ctrl-C, SIGHUP: stop now
-                self.stop_now.append(others[0])
-            elif not self.forward.tick(self.known()):
+        if not self.interrupted or self.stop_now:
+            return
+        if self.finished_at_signal is None:
+            self.finished_at_signal = len(_finished_ranks(self.monitor))
+            self.signal_seen_at = time.monotonic()
+        others = [s for s in self.interrupted if s != "SIGTERM"]
+        if others:  # Ctrl-C, SIGHUP: stop now
+            self.stop_now.append(others[0])
+        elif self.finished_at_signal >= self.job.np:
+            if time.monotonic() - self.signal_seen_at > self.forward.grace_s:
                 self.stop_now.append("SIGTERM")
+        elif not self.forward.tick(self.known()):
+            self.stop_now.append("SIGTERM")
 
     def on_stall(self, stalled: list[tuple[int, float]]) -> None:
         """Before the job is stopped: name a stalled rank and kill it outright."""

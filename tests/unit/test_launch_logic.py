@@ -717,3 +717,62 @@ def test_horovodruns_own_build_check_runs_where_the_quick_one_cannot_tell(monkey
     _compat.use_quick_build_checks()
     assert launch.gloo_built(verbose=True) == "Horovod's, verbose=True"
     assert launch.mpi_built() == "Horovod's"
+
+
+# ------------------------------------------------------------------ a signal after the end
+
+
+def attempt_with(finished: list[bool], interrupted: list[str]) -> cli._Attempt:
+    """An attempt of a 2-rank job whose monitor has heard from the ranks as given."""
+    from hvdkit.launch.heartbeat import RankStatus
+    from hvdkit.launch.output import RankOutput
+
+    job = cli._Job([], {}, RankOutput(), 30.0, "token", "127.0.0.1", "127.0.0.1", np=2)
+    attempt = cli._Attempt(job, interrupted)
+    for rank, done in enumerate(finished):
+        attempt.monitor.ranks[rank] = RankStatus(100 + rank, "h", float(rank), finished=done)
+    return attempt
+
+
+def test_a_sigterm_after_every_rank_finished_is_not_passed_on_and_the_job_is_complete():
+    attempt = attempt_with([True, True], ["SIGTERM"])
+    try:
+        attempt.on_tick()
+        assert attempt.finished_at_signal == 2
+        assert attempt.stop_now == [] and attempt.forward.sent_at is None  # nothing sent
+        assert attempt.was_complete(exited_ok=[0, 1])
+        attempt.signal_seen_at -= attempt.forward.grace_s + 1  # the ranks never exit:
+        attempt.on_tick()  # the grace period still ends the job
+        assert attempt.stop_now == ["SIGTERM"]
+    finally:
+        attempt.monitor.close()
+
+
+def test_a_sigterm_while_a_rank_trains_is_acted_on_even_if_it_finishes_later():
+    attempt = attempt_with([True, False], ["SIGTERM"])
+    try:
+        attempt.on_tick()  # no rank process known here: stop now (SigtermForwarding)
+        assert attempt.finished_at_signal == 1 and attempt.stop_now == ["SIGTERM"]
+        attempt.monitor.ranks[1].finished = True  # its bye after the signal
+        assert not attempt.was_complete(exited_ok=[0, 1])
+    finally:
+        attempt.monitor.close()
+
+
+def test_a_signal_never_acted_on_leaves_the_ranks_clean_exits_their_own():
+    attempt = attempt_with([True, True], ["SIGTERM"])
+    try:  # the job ended before the next poll saw the signal
+        assert attempt.finished_at_signal is None
+        assert attempt.was_complete(exited_ok=[0, 1])
+        assert not attempt.was_complete(exited_ok=[0])
+    finally:
+        attempt.monitor.close()
+
+
+def test_ctrl_c_stops_at_once_even_after_the_end():
+    attempt = attempt_with([True, True], ["SIGINT"])
+    try:
+        attempt.on_tick()
+        assert attempt.stop_now == ["SIGINT"]
+    finally:
+        attempt.monitor.close()
