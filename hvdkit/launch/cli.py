@@ -394,9 +394,6 @@ class _Attempt:
         self.monitor = HeartbeatMonitor(job.token, bind_host=job.bind)
         self.ranks: dict[int, object] = {}  # rank -> its process here (psutil), once reported
         self.stop_now: list[str] = []  # why the job is stopped at once (supervise's reasons)
-        # Ranks that had finished when the first signal was acted on (None: not acted on).
-        self.finished_at_signal: int | None = None
-        self.signal_seen_at = 0.0  # time.monotonic() then
         self.forward = SigtermForwarding(config.preempt_grace(), job.out.launcher_line, "hvdkitrun")
         self.child = None
 
@@ -445,13 +442,14 @@ class _Attempt:
         return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
 
     def was_complete(self, exited_ok: list[int]) -> bool:
-        """Whether every rank had finished before a signal was passed on or acted on.
+        """Whether every rank had finished before a signal was acted on.
 
         A signal that arrived after the last poll reached no rank: the ranks'
         clean exits were their own.
         """
-        finished = self.finished_at_signal
-        return (len(exited_ok) if finished is None else finished) >= self.job.np
+        if self.forward.after_the_end is None:
+            return len(exited_ok) >= self.job.np
+        return self.forward.after_the_end
 
     def known(self) -> list:
         """The rank processes found so far (ours: in horovodrun's tree)."""
@@ -463,26 +461,18 @@ class _Attempt:
                 self.ranks[r] = processes.descendant(self.child.pid, pid)
 
     def on_tick(self) -> None:
-        """Every poll: find new ranks; act on a signal (SIGTERM: pass it on first).
-
-        A ``SIGTERM`` that arrives once every rank has finished is not passed
-        on: the ranks are left to exit (within the grace period), and the job
-        ends as complete.
-        """
+        """Every poll: find new ranks; act on a signal (SIGTERM: pass it on first)."""
         self.track_local_ranks()
-        if not self.interrupted or self.stop_now:
-            return
-        if self.finished_at_signal is None:
-            self.finished_at_signal = len(_finished_ranks(self.monitor))
-            self.signal_seen_at = time.monotonic()
-        others = [s for s in self.interrupted if s != "SIGTERM"]
-        if others:  # Ctrl-C, SIGHUP: stop now
-            self.stop_now.append(others[0])
-        elif self.finished_at_signal >= self.job.np:
-            if time.monotonic() - self.signal_seen_at > self.forward.grace_s:
+        if self.interrupted and not self.stop_now:
+            others = [s for s in self.interrupted if s != "SIGTERM"]
+            if others:  # Ctrl-C, SIGHUP: stop now
+                self.stop_now.append(others[0])
+            elif not self.forward.tick(self.known(), finished=self.all_finished()):
                 self.stop_now.append("SIGTERM")
-        elif not self.forward.tick(self.known()):
-            self.stop_now.append("SIGTERM")
+
+    def all_finished(self) -> bool:
+        """Whether every rank of the job has said it finished (heartbeat bye)."""
+        return len(_finished_ranks(self.monitor)) >= self.job.np
 
     def on_stall(self, stalled: list[tuple[int, float]]) -> None:
         """Before the job is stopped: name a stalled rank and kill it outright."""

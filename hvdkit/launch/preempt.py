@@ -6,7 +6,9 @@ processes in the launcher's own tree), keep supervising for the grace period
 (``HVDKIT_PREEMPT_GRACE``) while the ranks agree on a step and checkpoint it
 (:mod:`hvdkit.preemption`), and stop the job only if it has not ended by
 then. The ranks' heartbeats say the step they stopped after
-(:func:`preempted_step`).
+(:func:`preempted_step`). A ``SIGTERM`` that comes once every rank has
+finished is not passed on: the job's work is over, and the ranks end as
+they were ending.
 """
 
 from __future__ import annotations
@@ -31,17 +33,26 @@ class SigtermForwarding:
     def __init__(self, grace_s: float, say: Callable[[str], None], who: str):
         self.grace_s, self._say, self._who = grace_s, say, who
         self.sent_at: float | None = None
+        self.after_the_end: bool | None = None  # every rank had finished at the first tick
+        self._first_at = 0.0
         self._signalled: set[int] = set()
 
-    def tick(self, ranks: list[psutil.Process]) -> bool:
+    def tick(self, ranks: list[psutil.Process], finished: bool = False) -> bool:
         """Called every poll once ``SIGTERM`` arrived; False when the job must be stopped now.
 
-        The first call forwards the signal (and later calls to ranks that
-        reported since). False at once if no rank of the job runs here (none
-        has sent a heartbeat yet: none can have a checkpoint to write), and
-        once the grace period is over.
+        ``finished``: every rank of the job has said it finished (its
+        heartbeat's bye). If so at the first call, nothing is ever sent
+        (:attr:`after_the_end`): the ranks are left to exit within the grace
+        period. Otherwise the first call forwards the signal (and later calls
+        to ranks that reported since). False at once if no rank of the job
+        runs here (none has sent a heartbeat yet: none can have a checkpoint
+        to write), and once the grace period is over.
         """
         now = time.monotonic()
+        if self.after_the_end is None:
+            self.after_the_end, self._first_at = finished, now
+        if self.after_the_end:
+            return now - self._first_at <= self.grace_s
         fresh = [p for p in ranks if p.pid not in self._signalled]
         for p in fresh:
             try:

@@ -130,8 +130,8 @@ def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int,
                 code, said = _run_program(
                     ch, inbox, msg, sched_host, token, command, stall, out, signals
                 )
-                if signals:  # told to stop: no next round for this worker
-                    return (code if code == config.EXIT_PREEMPTED else 1), None
+                if signals:  # told to stop: no next round for this worker (0: it had finished)
+                    return (code if code in (0, config.EXIT_PREEMPTED) else 1), None
             msg = inbox.next()
     return code, msg
 
@@ -435,6 +435,12 @@ def _remove_folders_of_dead_workers(parent: str, prefix: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _finished(monitor: HeartbeatMonitor) -> bool:
+    """Whether the program's ranks have all said they finished (their heartbeat's bye)."""
+    statuses = list(monitor.ranks.values())
+    return bool(statuses) and all(s.finished for s in statuses)
+
+
 def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
     """The rank processes of ``child``'s tree that sent heartbeats (``child`` itself, usually)."""
     found = []
@@ -511,7 +517,9 @@ def _run_program(
         others = [s for s in signals if s != "SIGTERM"]
         if others:  # Ctrl-C, SIGHUP: stop now
             reasons.append(f"received {others[0]}")
-        elif ("SIGTERM" in signals or running.preempt) and not forward.tick(_ranks(child, monitor)):
+        elif ("SIGTERM" in signals or running.preempt) and not forward.tick(
+            _ranks(child, monitor), finished=_finished(monitor)
+        ):
             reasons.append("received SIGTERM" if "SIGTERM" in signals else running.preempt[0])
 
     def on_stop(stalled):
@@ -568,6 +576,11 @@ def _run_program(
         log.error("rank %d stopped: %s", rank, ended.reasons[0])
     _report(ch, round_, code, detail, out.tail(rank))
     out.reset_tails()
+    if code == 0 and signals:  # this worker was told to stop: was the program's work over?
+        if forward.after_the_end and not ended.reasons:
+            log.info("rank %d had finished when SIGTERM came: its worker ends with 0", rank)
+            return 0, detail
+        return 1, detail
     if code == 0:
         return (1 if ended.reasons else 0), detail
     return (code if code > 0 else 1), detail

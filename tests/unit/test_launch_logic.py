@@ -737,13 +737,10 @@ def attempt_with(finished: list[bool], interrupted: list[str]) -> cli._Attempt:
 def test_a_sigterm_after_every_rank_finished_is_not_passed_on_and_the_job_is_complete():
     attempt = attempt_with([True, True], ["SIGTERM"])
     try:
+        assert attempt.all_finished()
         attempt.on_tick()
-        assert attempt.finished_at_signal == 2
         assert attempt.stop_now == [] and attempt.forward.sent_at is None  # nothing sent
         assert attempt.was_complete(exited_ok=[0, 1])
-        attempt.signal_seen_at -= attempt.forward.grace_s + 1  # the ranks never exit:
-        attempt.on_tick()  # the grace period still ends the job
-        assert attempt.stop_now == ["SIGTERM"]
     finally:
         attempt.monitor.close()
 
@@ -751,8 +748,9 @@ def test_a_sigterm_after_every_rank_finished_is_not_passed_on_and_the_job_is_com
 def test_a_sigterm_while_a_rank_trains_is_acted_on_even_if_it_finishes_later():
     attempt = attempt_with([True, False], ["SIGTERM"])
     try:
+        assert not attempt.all_finished()
         attempt.on_tick()  # no rank process known here: stop now (SigtermForwarding)
-        assert attempt.finished_at_signal == 1 and attempt.stop_now == ["SIGTERM"]
+        assert attempt.stop_now == ["SIGTERM"]
         attempt.monitor.ranks[1].finished = True  # its bye after the signal
         assert not attempt.was_complete(exited_ok=[0, 1])
     finally:
@@ -762,7 +760,6 @@ def test_a_sigterm_while_a_rank_trains_is_acted_on_even_if_it_finishes_later():
 def test_a_signal_never_acted_on_leaves_the_ranks_clean_exits_their_own():
     attempt = attempt_with([True, True], ["SIGTERM"])
     try:  # the job ended before the next poll saw the signal
-        assert attempt.finished_at_signal is None
         assert attempt.was_complete(exited_ok=[0, 1])
         assert not attempt.was_complete(exited_ok=[0])
     finally:
@@ -776,3 +773,17 @@ def test_ctrl_c_stops_at_once_even_after_the_end():
         assert attempt.stop_now == ["SIGINT"]
     finally:
         attempt.monitor.close()
+
+
+def test_a_workers_program_has_finished_once_each_of_its_ranks_said_bye():
+    from hvdkit.launch import worker
+    from hvdkit.launch.heartbeat import RankStatus
+
+    def monitor(*done):
+        return SimpleNamespace(
+            ranks={r: RankStatus(r, "h", 0.0, finished=d) for r, d in enumerate(done)}
+        )
+
+    assert worker._finished(monitor(True, True))
+    assert not worker._finished(monitor(True, False))
+    assert not worker._finished(monitor())  # no heartbeat yet: nothing has finished

@@ -242,6 +242,30 @@ def test_forwarding_signals_each_rank_once_then_gives_up_after_the_grace(monkeyp
     assert "did not stop within the grace period of 10 s" in said[-1]
 
 
+def test_a_sigterm_after_every_rank_finished_is_never_passed_on(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(launcher_side.time, "monotonic", clock)
+    said = []
+    forward = launcher_side.SigtermForwarding(10.0, said.append, "worker (rank 0)")
+    a = FakeProcess(11)
+    assert forward.tick([a], finished=True) is True
+    assert forward.after_the_end is True and a.got == [] and forward.sent_at is None
+    clock.now += 10
+    assert forward.tick([a], finished=True) is True
+    assert said == []  # nothing to say: the job's work is over
+    clock.now += 0.5
+    assert forward.tick([a], finished=True) is False  # still bounded by the grace period
+    assert a.got == []
+
+
+def test_finishing_after_the_first_tick_does_not_undo_the_forwarding():
+    forward = launcher_side.SigtermForwarding(10.0, [].append, "hvdkitrun")
+    a = FakeProcess(11)
+    assert forward.tick([a], finished=False) is True
+    assert forward.tick([a], finished=True) is True
+    assert forward.after_the_end is False and a.got == [signal.SIGTERM]
+
+
 def test_forwarding_without_any_rank_stops_at_once():
     said = []
     assert launcher_side.SigtermForwarding(10.0, said.append, "worker").tick([]) is False
