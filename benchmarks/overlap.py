@@ -110,21 +110,29 @@ def hidden_fraction(compute: float, allreduce: float, backward: float, step: flo
     return (compute + allreduce - step) / hideable
 
 
-def one_core_ceiling(allreduce: float, backward: float, cpu_allreduce: float) -> float:
-    """The highest hidden fraction a host with one core can reach (at most 1).
+def last_bucket_bound(
+    allreduce: float, backward: float, last_bytes: int, ranks: int, gbit_s: float
+) -> float:
+    """The highest hidden fraction any implementation can reach on this model and link.
 
-    The backward pass fills the core, so the allreduce's own CPU time
-    (``cpu_allreduce``: copies, sums, socket calls) adds to the step whatever
-    the overlap: the step is at least ``compute + cpu_allreduce``, and only the
-    rest of the allreduce, its time on the wire, can hide. Hosts whose
-    communication has a core of its own (a GPU computing the backward pass)
-    are not bound by this.
+    The bucket with the first layer's gradients (``last_bytes``), which the
+    backward pass produces last, can only be reduced once the backward pass
+    has ended, and a ring allreduce sends ``2 (ranks - 1) / ranks`` of its
+    bytes from every rank: at least that long on a ``gbit_s`` link stays
+    exposed, whatever the overlap.
 
     Example:
-        >>> round(one_core_ceiling(0.330, 0.401, 0.059), 2)   # run 12, 1 Gbit/s
-        0.82
+        >>> round(last_bucket_bound(0.307, 0.431, 4_198_400, 2, 0.956), 2)   # run 7, 1 Gbit/s
+        0.89
     """
-    return min(1.0, (allreduce - cpu_allreduce) / min(allreduce, backward))
+    hideable = min(allreduce, backward)
+    if hideable <= 0 or ranks < 2 or gbit_s <= 0:
+        raise ValueError(
+            f"last_bucket_bound: allreduce={allreduce}, backward={backward}, ranks={ranks}, "
+            f"gbit_s={gbit_s}; need times > 0, ranks >= 2 and a rate > 0"
+        )
+    wire = 2 * (ranks - 1) / ranks * last_bytes * 8 / (gbit_s * 1e9)
+    return min(1.0, (allreduce - wire) / hideable)
 
 
 def predict(fit: dict, hidden: float, nbytes: float, step_s: float, backward_s: float) -> dict:
@@ -164,10 +172,6 @@ def summarise(job: dict) -> dict:
         # step rate relative to raw Horovod's, >= 1 is at least as fast
         out["over_raw"][k] = statistics.median(r[raw] / r[k] for r in rounds)
         out["over_raw_tape"][k] = statistics.median(r["raw_horovod"] / r[k] for r in rounds)
-    if "cpu_allreduce" in med:  # runs before 2026-11-26 did not record CPU time
-        out["one_core_ceiling"] = one_core_ceiling(
-            med["allreduce"], out["backward_s"], med["cpu_allreduce"]
-        )
     return out
 
 
@@ -532,6 +536,15 @@ def analyse(jobs: list[dict]) -> dict:
         except ValueError:
             fit = None
         why = doubts(s, job.get("steal"))  # runs before 2026-11-27 did not record steal
+        first_layer = next(b for b in job["timeline"]["buckets"] if 0 in b["tensors"])
+        s["last_bucket_bytes"] = first_layer["bytes"]
+        s["bound"] = last_bucket_bound(
+            med["allreduce"],
+            s["backward_s"],
+            first_layer["bytes"],
+            job["size"],
+            job["probe"]["gbit_s"],
+        )
         row = {"link": job["link"], "transport": job["transport"], **s, "fit": fit}
         out["jobs"].append({**row, "steal": job.get("steal"), "doubts": why})
     nbytes = 4 * mh.MODEL_PARAMS
@@ -585,12 +598,11 @@ def print_report(jobs: list[dict], analysis: dict) -> None:
                 f"  {k:18s}{med[k] * 1e3:8.1f}{a['hidden'][k]:8.2f}{a['over_raw'][k]:8.2f}"
                 f"{a['over_raw_tape'][k]:8.2f}"
             )
-        if "one_core_ceiling" in a:
-            print(
-                f"  one-core ceiling of the hidden fraction: {a['one_core_ceiling']:.2f} (the "
-                f"allreduce's own {med['cpu_allreduce'] * 1e3:.0f} ms of CPU cannot hide behind a "
-                "backward pass that fills the core)"
-            )
+        print(
+            f"  bound on the hidden fraction: {a['bound']:.2f} (the first layer's "
+            f"{a['last_bucket_bytes'] / 1e6:.1f} MB, produced last, cross the wire after the "
+            "backward pass)"
+        )
         if a["steal"] is not None:
             print(f"  steal (the host running others on these cores): {a['steal'] * 100:.1f} %")
         if a["doubts"]:
@@ -673,8 +685,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rounds", type=int, default=5)
     # a re-analysis (--from-json) writes only where told to; a measurement writes both
-    p.add_argument("--json", help="default bench_results/overlap.json")
-    p.add_argument("--plot", help="default docs/overlap_bench.svg")
+    p.add_argument("--json", help="measuring: default bench_results/overlap.json")
+    p.add_argument("--plot", help="measuring: default docs/overlap_bench.svg")
     p.add_argument("--from-json", help="re-analyse an earlier JSON (no namespaces)")
     args = p.parse_args()
     if args.worker:
@@ -692,6 +704,7 @@ def main() -> None:
     analysis = analyse(jobs)
     print_report(jobs, analysis)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(
             json.dumps({"config": config, "jobs": jobs, "analysis": analysis}, indent=2)
         )

@@ -123,6 +123,8 @@ def plan(args) -> tuple[int, list[tuple[str, int]]]:
                 f"{len(hosts)} host(s) ({np_} processes); drop -np or make them agree."
             )
         return np_, hosts
+    if args.np is not None and args.np < 1:
+        raise LaunchError(f"-np {args.np} must be >= 1 (the number of processes to start).")
     if hosts is None:
         if args.np is None:
             raise LaunchError("say how many processes to start: -np N (or --nproc-per-node N).")
@@ -433,10 +435,10 @@ class _Attempt:
                 "checkpoint holds; run the same command again to resume from it."
             )
             return EXIT_PREEMPTED, None
-        if self.interrupted and ended.returncode == 0 and self.was_complete(exited_ok):
+        only_sigterm = bool(self.interrupted) and set(self.interrupted) == {"SIGTERM"}
+        if only_sigterm and ended.returncode == 0 and self.was_complete(exited_ok):
             job.out.launcher_line(
-                f"hvdkitrun: {self.interrupted[0]} arrived after every rank had finished; "
-                "the job is complete."
+                "hvdkitrun: SIGTERM arrived after every rank had finished; the job is complete."
             )
             return 0, None
         return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)

@@ -41,18 +41,27 @@ class SigtermForwarding:
         """Called every poll once ``SIGTERM`` arrived; False when the job must be stopped now.
 
         ``finished``: every rank of the job has said it finished (its
-        heartbeat's bye). If so at the first call, nothing is ever sent
-        (:attr:`after_the_end`): the ranks are left to exit within the grace
-        period. Otherwise the first call forwards the signal (and later calls
-        to ranks that reported since). False at once if no rank of the job
-        runs here (none has sent a heartbeat yet: none can have a checkpoint
-        to write), and once the grace period is over.
+        heartbeat's bye). While that holds from the first call on, nothing is
+        sent (:attr:`after_the_end`): the ranks are left to exit within the
+        grace period. Otherwise (or once a rank that has not finished
+        appears, e.g. the next program of a shell command) the signal is
+        forwarded (and later to ranks that reported since). False at once if
+        no rank of the job runs here (none has sent a heartbeat yet: none can
+        have a checkpoint to write), and once the grace period is over.
         """
         now = time.monotonic()
         if self.after_the_end is None:
             self.after_the_end, self._first_at = finished, now
+        elif self.after_the_end and not finished:
+            self.after_the_end = False  # forwarded from now on, with a grace period of its own
         if self.after_the_end:
-            return now - self._first_at <= self.grace_s
+            if now - self._first_at <= self.grace_s:
+                return True
+            self._say(
+                f"{self._who}: every rank had finished when SIGTERM came, but they did not "
+                f"exit within the grace period of {self.grace_s:g} s; stopping the job."
+            )
+            return False
         fresh = [p for p in ranks if p.pid not in self._signalled]
         for p in fresh:
             try:

@@ -61,6 +61,8 @@ def test_plan_reads_a_hostfile(tmp_path):
         (dict(hosts="a"), "needs a slot count"),
         (dict(hosts="a:0"), "needs a slot count"),
         (dict(nproc_per_node=0), "must be >= 1"),
+        (dict(np=0), "-np 0 must be >= 1"),
+        (dict(np=-2, hosts="a:2"), "-np -2 must be >= 1"),
         (dict(hosts="a:1", hostfile="f"), "not both"),
         (dict(hostfile="/nonexistent/hosts"), "cannot read --hostfile"),
     ],
@@ -773,6 +775,43 @@ def test_ctrl_c_stops_at_once_even_after_the_end():
         assert attempt.stop_now == ["SIGINT"]
     finally:
         attempt.monitor.close()
+
+
+class _Child:
+    """A horovodrun that ended with ``returncode`` (as ``processes.supervise`` reports it)."""
+
+    def __init__(self, returncode: int):
+        self.returncode = returncode
+
+
+@pytest.mark.parametrize(
+    "signals, returncode, finished, expected",
+    [
+        (["SIGTERM"], 0, [True, True], 0),  # after the end: complete
+        (["SIGTERM"], 1, [True, True], 143),  # a rank failed on its way out: not complete
+        (["SIGTERM"], 0, [True, False], 143),  # a rank had not finished
+        (["SIGINT"], 0, [True, True], 130),  # Ctrl-C after the last poll: still interrupted
+        (["SIGTERM", "SIGHUP"], 0, [True, True], 143),  # named by the first signal
+    ],
+)
+def test_how_an_attempt_that_got_a_signal_ends(
+    monkeypatch, signals, returncode, finished, expected
+):
+    from hvdkit.launch import processes
+
+    attempt = attempt_with(finished, signals)
+    monkeypatch.setattr(
+        processes, "spawn", lambda cmd, env: SimpleNamespace(stdout=None, stderr=None)
+    )
+    monkeypatch.setattr(
+        attempt.job.out, "pump", lambda *a: SimpleNamespace(join=lambda timeout=None: None)
+    )
+    monkeypatch.setattr(processes, "supervise", lambda *a, **k: processes.Ended(returncode))
+    monkeypatch.setattr(processes, "stop", lambda known: [])
+    code, cause = attempt.run()  # the signal came after the last poll: never acted on
+    assert (code, cause) == (expected, None)
+    said = list(attempt.job.out.launcher_lines)
+    assert ("the job is complete" in said[-1]) == (expected == 0), said
 
 
 def test_a_workers_program_has_finished_once_each_of_its_ranks_said_bye():

@@ -84,16 +84,11 @@ def test_steal_share_is_the_steal_ticks_over_all_ticks_between_two_readings():
     assert ticks is not None and len(ticks) == 8 and all(t >= 0 for t in ticks)
 
 
-def test_the_one_core_ceiling_leaves_out_the_allreduces_own_cpu_time():
-    # 0.3 s allreduce of which 0.05 s on the core; backward 0.4: (0.3 - 0.05) / 0.3
-    assert overlap.one_core_ceiling(0.3, 0.4, 0.05) == pytest.approx(0.25 / 0.3)
-    # a backward pass shorter than the allreduce bounds what is hideable: (0.3 - 0.05) / 0.2 > 1
-    assert overlap.one_core_ceiling(0.3, 0.2, 0.05) == 1.0
-    assert overlap.one_core_ceiling(0.3, 0.4, 0.0) == 1.0  # no CPU: the whole wire time hides
-    assert overlap.one_core_ceiling(0.08, 0.44, 0.052) == pytest.approx(0.35)  # core-bound link
-
-
-def test_summarise_gives_the_ceiling_only_where_cpu_time_was_recorded():
-    with_cpu = overlap.summarise({"rounds": [{**ROUND, "cpu_allreduce": 0.06}]})
-    assert with_cpu["one_core_ceiling"] == pytest.approx((0.3 - 0.06) / 0.3)
-    assert "one_core_ceiling" not in overlap.summarise({"rounds": [ROUND]})
+def test_the_bound_leaves_the_first_layers_wire_time_exposed():
+    # 2 ranks send 2 * 1/2 = all 12.5 MB of the bucket: 0.1 s at 1 Gbit/s; (0.3 - 0.1) / 0.3
+    assert overlap.last_bucket_bound(0.3, 0.4, 12_500_000, 2, 1.0) == pytest.approx(0.2 / 0.3)
+    # 4 ranks send 2 * 3/4 of it: 0.15 s; the backward pass (0.25 s) bounds what is hideable
+    assert overlap.last_bucket_bound(0.3, 0.25, 12_500_000, 4, 1.0) == pytest.approx(0.15 / 0.25)
+    assert overlap.last_bucket_bound(0.3, 0.1, 1_000, 2, 10.0) == 1.0  # at most 1
+    with pytest.raises(ValueError, match="ranks=1"):
+        overlap.last_bucket_bound(0.3, 0.4, 1_000, 1, 1.0)

@@ -256,6 +256,20 @@ def test_a_sigterm_after_every_rank_finished_is_never_passed_on(monkeypatch):
     clock.now += 0.5
     assert forward.tick([a], finished=True) is False  # still bounded by the grace period
     assert a.got == []
+    assert said == [
+        "worker (rank 0): every rank had finished when SIGTERM came, but they did not exit "
+        "within the grace period of 10 s; stopping the job."
+    ]
+
+
+def test_a_rank_that_has_not_finished_appearing_after_the_end_gets_the_signal():
+    said = []  # e.g. `sh -c "python a.py && python b.py"`: b.py starts after a.py's ranks ended
+    forward = launcher_side.SigtermForwarding(10.0, said.append, "hvdkitrun")
+    a, b = FakeProcess(11), FakeProcess(12)
+    assert forward.tick([a], finished=True) is True and a.got == []
+    assert forward.tick([a, b], finished=False) is True
+    assert forward.after_the_end is False and b.got == [signal.SIGTERM]
+    assert "SIGTERM: asked 2 rank process(es)" in said[-1]
 
 
 def test_finishing_after_the_first_tick_does_not_undo_the_forwarding():
