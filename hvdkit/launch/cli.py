@@ -435,23 +435,13 @@ class _Attempt:
                 "checkpoint holds; run the same command again to resume from it."
             )
             return EXIT_PREEMPTED, None
-        only_sigterm = bool(self.interrupted) and set(self.interrupted) == {"SIGTERM"}
-        if only_sigterm and ended.returncode == 0 and self.was_complete(exited_ok):
+        finished = len(exited_ok) >= job.np
+        if ended.returncode == 0 and self.forward.ended_after_the_end(self.interrupted, finished):
             job.out.launcher_line(
                 "hvdkitrun: SIGTERM arrived after every rank had finished; the job is complete."
             )
             return 0, None
         return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
-
-    def was_complete(self, exited_ok: list[int]) -> bool:
-        """Whether every rank had finished before a signal was acted on.
-
-        A signal that arrived after the last poll reached no rank: the ranks'
-        clean exits were their own.
-        """
-        if self.forward.after_the_end is None:
-            return len(exited_ok) >= self.job.np
-        return self.forward.after_the_end
 
     def known(self) -> list:
         """The rank processes found so far (ours: in horovodrun's tree)."""

@@ -37,6 +37,17 @@ class SigtermForwarding:
         self._first_at = 0.0
         self._signalled: set[int] = set()
 
+    def ended_after_the_end(self, signals: list[str], finished: bool) -> bool:
+        """Once the job's processes ended cleanly: whether ``signals`` came after its work.
+
+        True only for ``SIGTERM`` alone, arriving once every rank had finished:
+        as seen at the first :meth:`tick`, or, if no tick saw it (it came after
+        the last poll and reached no rank), ``finished`` as the ranks ended.
+        """
+        if set(signals) != {"SIGTERM"}:
+            return False
+        return finished if self.after_the_end is None else self.after_the_end
+
     def tick(self, ranks: list[psutil.Process], finished: bool = False) -> bool:
         """Called every poll once ``SIGTERM`` arrived; False when the job must be stopped now.
 

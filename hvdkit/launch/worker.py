@@ -577,9 +577,7 @@ def _run_program(
     _report(ch, round_, code, detail, out.tail(rank))
     out.reset_tails()
     if code == 0 and signals:  # this worker was told to stop: was the program's work over?
-        # (a signal after the last poll was never acted on: the program's exit was its own)
-        done = forward.after_the_end if forward.after_the_end is not None else _finished(monitor)
-        if done and set(signals) == {"SIGTERM"} and not ended.reasons:
+        if not ended.reasons and forward.ended_after_the_end(signals, _finished(monitor)):
             log.info("rank %d had finished when SIGTERM came: its worker ends with 0", rank)
             return 0, detail
         return 1, detail

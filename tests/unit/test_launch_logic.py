@@ -742,7 +742,7 @@ def test_a_sigterm_after_every_rank_finished_is_not_passed_on_and_the_job_is_com
         assert attempt.all_finished()
         attempt.on_tick()
         assert attempt.stop_now == [] and attempt.forward.sent_at is None  # nothing sent
-        assert attempt.was_complete(exited_ok=[0, 1])
+        assert attempt.forward.ended_after_the_end(["SIGTERM"], finished=True)
     finally:
         attempt.monitor.close()
 
@@ -754,7 +754,7 @@ def test_a_sigterm_while_a_rank_trains_is_acted_on_even_if_it_finishes_later():
         attempt.on_tick()  # no rank process known here: stop now (SigtermForwarding)
         assert attempt.stop_now == ["SIGTERM"]
         attempt.monitor.ranks[1].finished = True  # its bye after the signal
-        assert not attempt.was_complete(exited_ok=[0, 1])
+        assert not attempt.forward.ended_after_the_end(["SIGTERM"], finished=True)
     finally:
         attempt.monitor.close()
 
@@ -762,8 +762,9 @@ def test_a_sigterm_while_a_rank_trains_is_acted_on_even_if_it_finishes_later():
 def test_a_signal_never_acted_on_leaves_the_ranks_clean_exits_their_own():
     attempt = attempt_with([True, True], ["SIGTERM"])
     try:  # the job ended before the next poll saw the signal
-        assert attempt.was_complete(exited_ok=[0, 1])
-        assert not attempt.was_complete(exited_ok=[0])
+        assert attempt.forward.ended_after_the_end(["SIGTERM"], finished=True)
+        assert not attempt.forward.ended_after_the_end(["SIGTERM"], finished=False)
+        assert not attempt.forward.ended_after_the_end(["SIGINT"], finished=True)
     finally:
         attempt.monitor.close()
 
