@@ -145,6 +145,9 @@ def init(backend: str | None = None, **kwargs) -> None:
             from .launch.inprocess import take_role
 
             take_role(role)  # exits with the job's status
+        from .launch.slurm import join_srun_step
+
+        join_srun_step()  # srun's tasks: over Gloo hvdkit starts Horovod's rendezvous
     first = not runtime.is_initialized()
     runtime.init(backend, **kwargs)
     if not first:

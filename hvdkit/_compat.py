@@ -275,6 +275,13 @@ def horovod_rendezvous_classes() -> tuple[type, type]:
     return RendezvousHTTPServer, RendezvousHandler
 
 
+def horovod_slot_info() -> type:
+    """Horovod 0.28.1's ``SlotInfo`` (a rank's place), as its rendezvous server's ``init`` reads it."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    return SlotInfo
+
+
 # ``horovodrun --gloo`` (static, non-elastic) starts that server inside
 # ``horovod.runner.gloo_run.launch_gloo(command, exec_command, settings, nics,
 # env, server_ip)`` as ``RendezvousServer(settings.verbose)``, a module-level

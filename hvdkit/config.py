@@ -53,6 +53,7 @@ ROLE = "HVDKIT_ROLE"
 WORKER_NUM = "HVDKIT_WORKER_NUM"
 SCHED_HOST = "HVDKIT_SCHED_HOST"
 SCHED_PORT = "HVDKIT_SCHED_PORT"
+RENDEZVOUS_PORT = "HVDKIT_RENDEZVOUS_PORT"  # srun over Gloo: rank 0's rendezvous (docs/slurm.md)
 JOB_TOKEN = "HVDKIT_JOB_TOKEN"
 SCHED_TIMEOUT = "HVDKIT_SCHED_TIMEOUT"  # seconds to wait for all workers (default 300)
 TOKEN_FILE = "HVDKIT_TOKEN_FILE"  # where run_scheduler.sh leaves a generated token

@@ -14,7 +14,7 @@ import time
 
 import tensorflow as tf
 
-from . import _compat, _meeting, config
+from . import _compat, _meeting, config, environments
 from ._validate import check_int
 from .backends import Backend, create
 from .errors import ConfigurationError, NotInitializedError
@@ -82,6 +82,10 @@ def init(
         return
     name = backend or config.get(config.BACKEND)
     launched = config.launched_size()
+    slurm = environments.SlurmEnvironment.detect()  # srun's tasks (over MPI with PMIx)
+    if slurm is not None:
+        slurm.check_worker_num()
+        launched = slurm.size
     if name is None:
         name = "horovod" if launched is not None else "local"
     if launched is None and backend != "local":
@@ -98,8 +102,21 @@ def init(
     _configure_threads(threads, _backend.local_size())
     if _backend.size() > 1:
         _keep_a_second_inter_op_thread()
+    if slurm is not None and _backend.size() != slurm.size:
+        _refuse_split_srun_step(slurm.size, _backend.size())
     if pin_gpu:
         _pin_gpu(_backend.local_rank())
+
+
+def _refuse_split_srun_step(tasks: int, formed: int) -> None:
+    """srun started ``tasks`` tasks, but Horovod formed a job of ``formed``: never train so."""
+    shutdown()
+    raise ConfigurationError(
+        f"srun started {tasks} tasks but Horovod formed a job of {formed}: the tasks did not "
+        "find each other, and each would train alone. For MPI, srun must give them PMIx "
+        "('#SBATCH --mpi=pmix' or srun --mpi=pmix; `srun --mpi=list` shows what the cluster "
+        "has); or use Gloo (HOROVOD_CONTROLLER=gloo, docs/slurm.md)."
+    )
 
 
 def _announce_joining() -> None:
@@ -137,6 +154,14 @@ def _refuse_lonely_job() -> None:
     left is a process that would run as a job of size 1 although the
     scheduler/worker variables describe a job: it would train alone, silently.
     """
+    allocation = environments.SlurmEnvironment.in_allocation()
+    if allocation is not None and not allocation.task and allocation.size > 1:
+        raise ConfigurationError(
+            f"this process runs in Slurm job {allocation.job_id}, which has {allocation.size} "
+            f"tasks ({environments.NTASKS}), but it was started without srun, so it would "
+            "train alone as a job of size 1. Start it with `srun python ...` (or `hvdkitrun "
+            "python ...`) in the batch script, or ask for one task ('#SBATCH --ntasks=1')."
+        )
     found = config.job_vars_set()
     if not found:
         return

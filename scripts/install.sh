@@ -19,10 +19,12 @@ HOROVOD_VERSION="0.28.1"
 # MPI and the headers TF's XLA headers include; a C++ toolchain and cmake for
 # the Horovod build; Python 3.11 with venv; iproute2 for the namespace tests;
 # OpenSSH's server and client for the test of hvdkitrun -H between two
-# namespaces (the test starts its own sshd in each; no system sshd is started).
+# namespaces (the test starts its own sshd in each; no system sshd is started);
+# Slurm and MUNGE for tests/test_slurm.py (it starts its own munged, slurmctld and
+# slurmd in namespaces; no system service is started).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev
               g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2
-              openssh-server openssh-client)
+              openssh-server openssh-client slurm-wlm munge)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0
@@ -38,7 +40,8 @@ if ((${#missing[@]})); then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         # Install without starting services (Debian's policy-rc.d, exit 101 = deny):
-        # openssh-server would otherwise start a system sshd on port 22.
+        # openssh-server would otherwise start a system sshd on port 22, slurm-wlm
+        # and munge their daemons.
         policy=/usr/sbin/policy-rc.d
         own_policy=0
         if [[ ! -e "$policy" ]]; then

@@ -239,6 +239,17 @@ def _netns_missing() -> str | None:
 NETNS_MISSING = _netns_missing()
 
 
+def remove_netns(ns: str) -> None:
+    """Kill what still runs in network namespace ``ns`` (the test's own processes), delete it."""
+    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    for pid in listed.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 def needs_netns(what: str):
     """Skip ``what`` (a multi-host test on namespaces) here, saying what was not tested and how."""
     return pytest.mark.skipif(

@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from conftest import (
     VENV_BIN,
     launcher_env,
     needs_netns,
+    remove_netns,
     run_bounded,
 )
 
@@ -479,14 +479,7 @@ def namespace_pair(if_a: str, if_b: str):
         yield a, b
     finally:
         for ns in (a, b):
-            # what still runs there is this test's (e.g. ranks an sshd session left)
-            listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            for pid in listed.stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            remove_netns(ns)  # what still runs there is this test's (ranks an sshd session left)
         for path in hosts_files:
             shutil.rmtree(path.parent, ignore_errors=True)
 

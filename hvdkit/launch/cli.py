@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .. import config
 from ..errors import LaunchError
-from . import auth, processes, restart
+from . import auth, processes, restart, slurm
 from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
@@ -110,8 +110,14 @@ def _hosts_from_args(args) -> list[tuple[str, int]] | None:
 
 
 def plan(args) -> tuple[int, list[tuple[str, int]]]:
-    """Number of processes and host list from -np / --nproc-per-node / -H / --hostfile."""
+    """Number of processes and host list from -np / --nproc-per-node / -H / --hostfile.
+
+    Without -H/--hostfile/--nproc-per-node inside a Slurm allocation (an
+    sbatch script, salloc): the allocation's nodes and tasks (docs/slurm.md).
+    """
     hosts = _hosts_from_args(args)
+    if hosts is None and args.nproc_per_node is None:
+        hosts = slurm.allocation_hosts()
     if args.nproc_per_node is not None:
         if args.nproc_per_node < 1:
             raise LaunchError(f"--nproc-per-node={args.nproc_per_node} must be >= 1.")

@@ -220,9 +220,9 @@ class GuardedRendezvous:
     def allow(self, *addresses: str) -> None:
         self.allowed.update(addresses)
 
-    def start(self, handler_cls=None) -> int:
-        """Listen on ``bind_host`` (a free port); returns the port. ``handler_cls`` is ignored."""
-        self.httpd = GuardedHTTPServer((self.bind_host, 0), self.allowed, self.verbose)
+    def start(self, handler_cls=None, *, port: int = 0) -> int:
+        """Listen on ``bind_host`` at ``port`` (0: any free port); the port. Ignores the handler."""
+        self.httpd = GuardedHTTPServer((self.bind_host, port), self.allowed, self.verbose)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="hvdkit-rendezvous", daemon=True
         )

@@ -1,0 +1,280 @@
+"""Cluster environments that start hvdkit's processes without an hvdkit launcher: Slurm's ``srun``.
+
+One class per environment, after Lightning Fabric's ``plugins/environments``:
+:meth:`SlurmEnvironment.detect` says whether this process is a task of an
+``srun`` step, and the object holds everything hvdkit reads from Slurm's
+variables (each name written once, below). Pure logic: no TensorFlow, no
+Horovod, no processes; :func:`hvdkit.init` and ``hvdkitrun`` use it.
+
+What Slurm tells a task (Slurm 22.05, checked on the test cluster of
+tests/test_slurm.py): ``SLURM_PROCID`` (rank), ``SLURM_STEP_NUM_TASKS``
+(size), ``SLURM_LOCALID`` (rank on the node), ``SLURMD_NODENAME``,
+``SLURM_STEP_NODELIST`` (``n[1-2]``) and ``SLURM_STEP_TASKS_PER_NODE``
+(``2(x2)``). The batch script itself sees the allocation's
+``SLURM_JOB_NODELIST``/``SLURM_TASKS_PER_NODE`` and ``SLURM_NTASKS``, but no
+``SLURM_STEP_*``: that is how a task is told from the batch script. Under
+``srun --mpi=pmix`` Open MPI's own ``OMPI_COMM_WORLD_*`` are absent (PMIx
+gives ``PMIX_RANK``), so without this class a task would look unlaunched.
+
+Example (rank 1 of ``srun -N2 -n2``)::
+
+    >>> env = SlurmEnvironment.detect()
+    >>> env.rank, env.size, env.local_rank, env.local_size, env.cross_rank, env.cross_size
+    (1, 2, 0, 1, 1, 2)
+    >>> env.nodes, env.rendezvous_host
+    (['n1', 'n2'], 'n1')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from . import config
+from .errors import ConfigurationError
+
+__all__ = ["SlurmEnvironment", "expand_hostlist", "expand_tasks_per_node"]
+
+# --- Slurm's variables hvdkit reads ---
+JOB_ID = "SLURM_JOB_ID"
+STEP_ID = "SLURM_STEP_ID"
+PROCID = "SLURM_PROCID"
+LOCALID = "SLURM_LOCALID"
+NODENAME = "SLURMD_NODENAME"
+STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"  # set in srun's tasks only, not in the batch script
+STEP_NODELIST = "SLURM_STEP_NODELIST"
+STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+JOB_NODELIST = "SLURM_JOB_NODELIST"
+TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"  # the allocation's, in the batch script
+NTASKS = "SLURM_NTASKS"
+RESTART_COUNT = "SLURM_RESTART_COUNT"  # how often this job was requeued (absent: never)
+PMIX_RANK = "PMIX_RANK"  # srun --mpi=pmix: Open MPI finds its peers through PMIx
+# Horovod's own choice of controller; hvdkit honours it under srun to pick Gloo or MPI
+CONTROLLER = "HOROVOD_CONTROLLER"
+GLOO, MPI = "gloo", "mpi"
+
+RENDEZVOUS_PORT_BASE = 29600  # + a number from the job and step ids (see rendezvous_port)
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list as names, in order.
+
+    Example:
+        >>> expand_hostlist("n[1-2],gpu[08-10,12],login")
+        ['n1', 'n2', 'gpu08', 'gpu09', 'gpu10', 'gpu12', 'login']
+
+    Raises:
+        ConfigurationError: brackets that do not close, or a range like ``[3-1]``.
+    """
+    names: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", hostlist):
+        parts = re.split(r"\[([^\]]*)\]", item)
+        expanded = [""]
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                expanded = [e + part for e in expanded]
+            else:
+                expanded = [e + n for e in expanded for n in _bracket(part, hostlist)]
+        if "[" in item and item.count("[") != item.count("]"):
+            raise ConfigurationError(f"cannot read the Slurm host list {hostlist!r}")
+        names += expanded
+    return names
+
+
+def _bracket(body: str, hostlist: str) -> list[str]:
+    out = []
+    for piece in body.split(","):
+        lo, _, hi = piece.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ConfigurationError(f"cannot read the Slurm host list {hostlist!r}")
+        width = len(lo)
+        out += [str(n).zfill(width) for n in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Slurm's tasks-per-node list, one count per node.
+
+    Example:
+        >>> expand_tasks_per_node("2(x3),1")
+        [2, 2, 2, 1]
+    """
+    counts = []
+    for piece in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", piece.strip())
+        if m is None:
+            raise ConfigurationError(f"cannot read Slurm's tasks per node {spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+class SlurmEnvironment:
+    """A task of an ``srun`` step, or (``task=False``) a batch script inside an allocation.
+
+    Attributes:
+        job_id, step_id: Slurm's ids (``step_id`` is ``None`` in the batch script).
+        rank, size, local_rank: this task's; ``size`` is the step's task count.
+        nodes: the step's (or the allocation's) node names, in Slurm's order.
+        tasks_per_node: tasks on each of ``nodes``.
+        node: this task's node name.
+    """
+
+    def __init__(self, env: Mapping[str, str]):
+        self._env = env
+        self.job_id = env[JOB_ID]
+        self.step_id = env.get(STEP_ID)
+        self.task = STEP_NUM_TASKS in env
+        nodelist = env.get(STEP_NODELIST if self.task else JOB_NODELIST) or env.get(JOB_NODELIST)
+        per_node = env.get(STEP_TASKS_PER_NODE if self.task else TASKS_PER_NODE)
+        self.nodes = expand_hostlist(nodelist or "")
+        self.tasks_per_node = expand_tasks_per_node(per_node) if per_node else []
+        self.node = env.get(NODENAME, "")
+        if self.task:
+            self.rank = self._int(PROCID, 0)
+            self.size = self._int(STEP_NUM_TASKS, 1)
+            self.local_rank = self._int(LOCALID, 0)
+        else:
+            self.rank, self.local_rank = 0, 0
+            self.size = self._int(NTASKS, 1) if NTASKS in env else sum(self.tasks_per_node) or 1
+
+    def _int(self, name: str, minimum: int) -> int:
+        raw = self._env.get(name, "")
+        if not raw.isdigit() or int(raw) < minimum:
+            raise ConfigurationError(
+                f"{name}={raw!r} is not a number >= {minimum}, yet Slurm sets it for every "
+                "task; start the program with srun inside an sbatch/salloc allocation."
+            )
+        return int(raw)
+
+    @classmethod
+    def in_allocation(cls, env: Mapping[str, str] | None = None) -> SlurmEnvironment | None:
+        """The allocation this process runs in (a batch script or a task), or ``None``."""
+        env = os.environ if env is None else env
+        return cls(env) if env.get(JOB_ID) else None
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str] | None = None) -> SlurmEnvironment | None:
+        """This process as a task of ``srun``, or ``None``.
+
+        ``None`` too when another launcher started it inside the allocation
+        (``hvdkitrun``, ``horovodrun``, ``mpirun``: their own world size is
+        set, and Open MPI even starts its daemons with ``srun``).
+        """
+        env = os.environ if env is None else env
+        if any(env.get(v) for v in config.LAUNCHER_SIZE_VARS):
+            return None
+        found = cls.in_allocation(env)
+        return found if found is not None and found.task else None
+
+    # ---------------------------------------------------------------- layout
+    @property
+    def node_index(self) -> int:
+        """This task's node's position in :attr:`nodes`."""
+        if self.node in self.nodes:
+            return self.nodes.index(self.node)
+        return int(self._env.get("SLURM_NODEID", "0"))
+
+    @property
+    def local_size(self) -> int:
+        return self.tasks_per_node[self.node_index] if self.tasks_per_node else 1
+
+    @property
+    def cross_size(self) -> int:
+        """Nodes with a task of this local rank (Horovod's cross communicator)."""
+        return sum(c > self.local_rank for c in self.tasks_per_node) or 1
+
+    @property
+    def cross_rank(self) -> int:
+        return sum(c > self.local_rank for c in self.tasks_per_node[: self.node_index])
+
+    def slots(self) -> list[dict]:
+        """Every task's place, as Horovod's rendezvous server needs it (one dict per task).
+
+        Only the counts per node matter there (how many ranks meet in each
+        scope), so the result is the same whatever ``--distribution`` placed
+        the ranks.
+        """
+        out = []
+        for node, count in zip(self.nodes, self.tasks_per_node, strict=False):
+            for local_rank in range(count):
+                cross = sum(c > local_rank for c in self.tasks_per_node)
+                out.append(
+                    dict(hostname=node, local_rank=local_rank, local_size=count, cross_size=cross)
+                )
+        return out
+
+    @property
+    def rendezvous_host(self) -> str:
+        """The node of rank 0 (the step's first node): it serves Gloo's rendezvous."""
+        if not self.nodes:
+            raise ConfigurationError(
+                f"{STEP_NODELIST} and {JOB_NODELIST} are empty, so hvdkit cannot tell where "
+                "rank 0 runs to start Gloo's rendezvous there; use srun inside an allocation "
+                "(sbatch/salloc), or srun --mpi=pmix to use MPI instead."
+            )
+        return self.nodes[0]
+
+    def rendezvous_port(self) -> int:
+        """``HVDKIT_RENDEZVOUS_PORT``, else a port from the job and step ids (29600-39599).
+
+        Every task computes the same one without talking to the others; two
+        steps of one job running at once on a node would need different ones.
+        """
+        step = int(self.step_id) if (self.step_id or "").isdigit() else 0
+        default = RENDEZVOUS_PORT_BASE + (int(self.job_id) % 1000) * 10 + step % 10
+        return config.get_int(
+            config.RENDEZVOUS_PORT,
+            default,
+            minimum=1,
+            what="a TCP port",
+            fix="choose a free port every node can reach on the first node of the step.",
+        )
+
+    @property
+    def restarts(self) -> int:
+        """How often Slurm requeued this job (``SLURM_RESTART_COUNT``, 0 before the first)."""
+        raw = self._env.get(RESTART_COUNT, "0")
+        return int(raw) if raw.isdigit() else 0
+
+    # ---------------------------------------------------------------- transport
+    def transport(self) -> str:
+        """``"mpi"`` when ``srun`` gave the tasks PMIx (``--mpi=pmix``), else ``"gloo"``.
+
+        ``HOROVOD_CONTROLLER=gloo`` or ``=mpi`` chooses explicitly.
+
+        Raises:
+            ConfigurationError: MPI asked for but the tasks have no PMIx.
+        """
+        asked = (self._env.get(CONTROLLER) or "").strip().lower()
+        pmix = PMIX_RANK in self._env
+        if asked not in ("", GLOO, MPI):
+            raise ConfigurationError(
+                f"{CONTROLLER}={asked!r}: under srun hvdkit uses 'gloo' or 'mpi' (or leave it "
+                "unset: MPI with srun --mpi=pmix, Gloo otherwise)."
+            )
+        if asked == MPI and not pmix:
+            raise ConfigurationError(
+                f"{CONTROLLER}=mpi but srun started this task without PMIx, so MPI cannot find "
+                "the other tasks and each would train alone. Add '#SBATCH --mpi=pmix' (or "
+                f"'srun --mpi=pmix'; `srun --mpi=list` shows what the cluster has), or set "
+                f"{CONTROLLER}=gloo."
+            )
+        return asked or (MPI if pmix else GLOO)
+
+    def check_worker_num(self) -> None:
+        """Refuse ``HVDKIT_WORKER_NUM`` that disagrees with the step's task count.
+
+        Raises:
+            ConfigurationError: names both numbers and the ``#SBATCH`` line.
+        """
+        raw = config.get(config.WORKER_NUM)
+        if raw is None:
+            return
+        if raw.strip() != str(self.size):
+            raise ConfigurationError(
+                f"{config.WORKER_NUM}={raw!r} but srun started {self.size} tasks "
+                f"({STEP_NUM_TASKS}={self.size}). Under srun every task is a worker: set "
+                f"'#SBATCH --ntasks={raw.strip()}' (or srun -n {raw.strip()}), or unset "
+                f"{config.WORKER_NUM}."
+            )
