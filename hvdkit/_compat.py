@@ -31,6 +31,24 @@ from .errors import ConfigurationError, LaunchError
 # (tests/multiproc/training_worker.py checks that the wrapper still fails).
 
 
+# The TensorFlow versions hvdkit is tested with, each with the Keras 3 it brings
+# (scripts/matrix.sh; its last table is in README.md). setup.py's extras read this line;
+# hvdkit.install_horovod refuses others unless told, ``hvdkit doctor`` flags them.
+# Horovod 0.28.1's build quirks per TensorFlow live in hvdkit/install_horovod.py.
+SUPPORTED_TENSORFLOW = ">=2.18,<2.22"
+
+
+def tensorflow_supported(version: str) -> bool:
+    """Whether TensorFlow ``version`` is in :data:`SUPPORTED_TENSORFLOW` (no import of TF)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    try:
+        return SpecifierSet(SUPPORTED_TENSORFLOW).contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
+
+
 def require_keras3() -> None:
     """hvdkit's optimizer wrapper is written against Keras 3's optimizer API."""
     import keras

@@ -40,6 +40,7 @@ RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first at
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
+CACHE_DIR = "HVDKIT_CACHE_DIR"  # built Horovod wheels (default ~/.cache/hvdkit)
 COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
 DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything hvdkit needs, idempotently: Debian packages, .venv,
-# TensorFlow, Horovod 0.28.1 built from source (cached wheel), hvdkit itself.
+# TensorFlow, hvdkit itself, Horovod 0.28.1 built from source by
+# `python -m hvdkit.install_horovod` (cached wheel).
 # Safe to re-run; a second run on the same machine takes seconds.
 #
 #   scripts/install.sh            # full setup + 2-process smoke check
@@ -15,7 +16,6 @@ PY_BIN="${HVDKIT_PYTHON:-python3.11}"
 
 TF_VERSION="2.21.0"
 KERAS_VERSION="3.15.1"  # the tested one; inside setup.py's range (tests/unit/test_pins.py)
-HOROVOD_VERSION="0.28.1"
 # MPI and the headers TF's XLA headers include; a C++ toolchain and cmake for
 # the Horovod build; Python 3.11 with venv; iproute2 for the namespace tests;
 # OpenSSH's server and client for the test of hvdkitrun -H between two
@@ -94,41 +94,7 @@ if ! "$PY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TF_VER
     changed=1
 fi
 
-# --- 4. Horovod, built once per (python, TF) and cached outside the repo -----
-PY_TAG="$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
-CACHE="${HVDKIT_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/hvdkit}/wheels/horovod-$HOROVOD_VERSION-$PY_TAG-tf$TF_VERSION"
-horovod_ok() {
-    "$PY" - <<'PYEOF' 2>/dev/null
-import horovod.tensorflow as hvd
-import sys
-sys.exit(0 if (hvd.gloo_built() and hvd.mpi_built()) else 1)
-PYEOF
-}
-if ! horovod_ok; then
-    wheel="$(ls "$CACHE"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
-    if [[ -z "$wheel" ]]; then
-        log "building Horovod $HOROVOD_VERSION against TF $TF_VERSION (about 3-5 minutes)"
-        mkdir -p "$CACHE"
-        shim="$(mktemp -d)"
-        # TF 2.21 moved xla_builder.h; Horovod 0.28.1 still includes the old path.
-        mkdir -p "$shim/tensorflow/compiler/xla/client"
-        echo '#include "xla/hlo/builder/xla_builder.h"' > "$shim/tensorflow/compiler/xla/client/xla_builder.h"
-        CPLUS_INCLUDE_PATH="$shim" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS=-j2 \
-            "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-cache-dir \
-            "horovod==$HOROVOD_VERSION" -w "$CACHE"
-        rm -rf "$shim"
-        wheel="$(ls "$CACHE"/horovod-"$HOROVOD_VERSION"-*.whl | head -n1)"
-    else
-        log "using cached Horovod wheel $wheel"
-    fi
-    "${PIP[@]}" "$wheel"
-    changed=1
-    horovod_ok || { echo "Horovod installed but lacks Gloo or MPI support; delete $CACHE and re-run." >&2; exit 1; }
-fi
-
-# --- 5. hvdkit itself --------------------------------------------------------
+# --- 4. hvdkit itself (it no longer requires Horovod: pip never builds one) ---
 if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff" 2>/dev/null \
    || [[ "$REPO/setup.py" -nt "$VENV/.hvdkit-installed" ]]; then
     log "installing hvdkit (editable) with test extras"
@@ -136,6 +102,19 @@ if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff" 2>/dev/n
     touch "$VENV/.hvdkit-installed"
     changed=1
 fi
+
+# --- 5. Horovod 0.28.1 for the installed TF: the same command users run -------
+# python -m hvdkit.install_horovod checks the build's prerequisites, adds the header
+# fixes this TF needs, caches the wheel per (python, TF) in ~/.cache/hvdkit/wheels
+# (HVDKIT_CACHE_DIR), and returns at once when the right Horovod is installed.
+hvd_out="$(mktemp)"
+set +e
+"$PY" -m hvdkit.install_horovod | tee "$hvd_out"
+hvd_rc=${PIPESTATUS[0]}
+set -e
+grep -q "is installed, built for" "$hvd_out" || changed=1
+rm -f "$hvd_out"
+((hvd_rc == 0)) || exit "$hvd_rc"
 
 # --- 6. smoke check: 2 processes over Gloo and over MPI ----------------------
 case "${HVDKIT_SKIP_SMOKE:-0}" in
