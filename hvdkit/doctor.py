@@ -52,6 +52,7 @@ class Facts:
     gpus: list[str] = dataclasses.field(default_factory=list)
     horovod_version: str | None = None
     horovod_location: str | None = None
+    horovod_source: str | None = None  # the wheel pip installed it from
     horovod_built_for: str | None = None  # TF version in Horovod's metadata.json
     horovod_built: dict[str, bool | None] = dataclasses.field(default_factory=dict)
     mpirun: str | None = None
@@ -98,6 +99,7 @@ def gather(run_jobs: bool = True, timeout: float = 180.0) -> Facts:
     facts.horovod_version = install_horovod.horovod_version()
     if facts.horovod_version is not None:
         facts.horovod_location = _where("horovod")
+        facts.horovod_source = install_horovod.horovod_source()
         facts.horovod_built_for = install_horovod.horovod_built_for()
         if facts.tf_version is not None:
             facts.horovod_built = {t: _compat.horovod_tf_built(t) for t in ("gloo", "mpi", "nccl")}
@@ -219,6 +221,8 @@ def _horovod(f: Facts) -> list[Check]:
         return [Check("Horovod", False, "not installed", BUILD)]
     where = f"{f.horovod_version} (in {f.horovod_location}), built for TensorFlow "
     where += f"{f.horovod_built_for or '?'}"
+    if f.horovod_source:
+        where += f", from {f.horovod_source}"
     if f.horovod_version != want:
         return [Check("Horovod", False, where + f"; hvdkit needs {want}", BUILD)]
     if f.tf_version is not None and f.horovod_built_for != f.tf_version:

@@ -379,6 +379,16 @@ def horovod_built_for() -> str | None:
     return built.get("tensorflow")
 
 
+def horovod_source() -> str | None:
+    """Where pip installed Horovod from (a cached wheel's path), if pip recorded it."""
+    try:
+        direct = metadata.distribution("horovod").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    url = json.loads(direct).get("url", "") if direct else ""
+    return url.removeprefix("file://") or None
+
+
 def horovod_version() -> str | None:
     try:
         return metadata.version("horovod")
