@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -30,12 +29,6 @@ PROBE_MARK = "HVDKIT-DOCTOR"  # hvdkit/_doctor_probe.py prints it; 2 ranks: sum=
 TESTED_PYTHON = (3, 11)
 KERAS_RANGE = ">=3.10,<4"  # setup.py's requirement (tests/unit/test_pins.py keeps them equal)
 BUILD = "python -m hvdkit.install_horovod"
-
-_TF_QUERY = """
-import json, tensorflow as tf, keras
-print(json.dumps({"tf": tf.__version__, "keras": keras.__version__,
-                  "gpus": [d.name for d in tf.config.list_physical_devices("GPU")]}))
-"""
 
 
 @dataclasses.dataclass
@@ -85,16 +78,12 @@ def gather(run_jobs: bool = True, timeout: float = 180.0) -> Facts:
     facts.tf_distributions = install_horovod.tensorflow_distributions()
     if facts.tf_distributions:
         facts.tf_location = _where(next(iter(facts.tf_distributions)))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        done = subprocess.run(
-            [sys.executable, "-c", _TF_QUERY], capture_output=True, text=True, env=env
-        )
-        if done.returncode == 0 and done.stdout.strip():
-            answer = json.loads(done.stdout.strip().splitlines()[-1])
-            facts.tf_version, facts.keras_version = answer["tf"], answer["keras"]
+        answer, error = install_horovod.ask_tensorflow()
+        if answer is not None:
+            facts.tf_version, facts.keras_version = answer["version"], answer["keras"]
             facts.gpus = answer["gpus"]
         else:
-            facts.tf_import_error = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            facts.tf_import_error = error.splitlines()[-1]
     facts.keras_location = _where("keras")
     facts.horovod_version = install_horovod.horovod_version()
     if facts.horovod_version is not None:

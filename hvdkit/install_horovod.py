@@ -112,10 +112,12 @@ HEADER_PACKAGES = (
 
 _MISSING_HEADER = re.compile(r"fatal error: ([^:\s]+): No such file or directory")
 
-_TF_QUERY = (
-    "import json, tensorflow as tf; print(json.dumps({'version': tf.__version__, "
-    "'include': tf.sysconfig.get_include(), 'flags': tf.sysconfig.get_compile_flags()}))"
-)
+_TF_QUERY = """
+import json, tensorflow as tf, keras
+print(json.dumps({"version": tf.__version__, "keras": keras.__version__,
+                  "include": tf.sysconfig.get_include(), "flags": tf.sysconfig.get_compile_flags(),
+                  "gpus": [d.name for d in tf.config.list_physical_devices("GPU")]}))
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,17 +175,24 @@ def query_tensorflow(python: str = sys.executable) -> TensorFlow:
             "`pip install tensorflow-cpu==2.21.0` or `pip install 'hvdkit[cpu]'`, then run "
             "`python -m hvdkit.install_horovod` again."
         )
+    answer, error = ask_tensorflow(python)
+    if answer is None:
+        raise BuildError(
+            f"TensorFlow ({installed}) is installed but `import tensorflow` fails in {python}:\n"
+            f"{error}\nRepair that installation first."
+        )
+    dist = next(name for name, version in installed.items() if version == answer["version"])
+    return TensorFlow(dist, answer["version"], answer["include"], tuple(answer["flags"]))
+
+
+def ask_tensorflow(python: str = sys.executable) -> tuple[dict | None, str]:
+    """TensorFlow's answers to :data:`_TF_QUERY` in a child of ``python``, or ``(None, error)``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([python, "-c", _TF_QUERY], capture_output=True, text=True, env=env)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise BuildError(
-            f"TensorFlow ({installed}) is installed but `import tensorflow` fails in {python}:\n"
-            f"{done.stderr.strip()[-2000:]}\nRepair that installation first."
-        )
-    answer = json.loads(lines[-1])
-    dist = next(name for name, version in installed.items() if version == answer["version"])
-    return TensorFlow(dist, answer["version"], answer["include"], tuple(answer["flags"]))
+        return None, done.stderr.strip()[-2000:] or f"exit code {done.returncode}"
+    return json.loads(lines[-1]), ""
 
 
 def refuse_unsupported(tf: TensorFlow) -> None:
