@@ -481,7 +481,9 @@ def install(rebuild: bool = False, check_only: bool = False, any_tensorflow: boo
             log(f"built {wheel} in {time.monotonic() - started:.0f} s")
     else:
         log(f"using the cached wheel {wheel}")
-    pip_install(str(wheel))
+    # a Horovod 0.28.1 built for another TensorFlow counts as installed for pip: replace it
+    pip_install("--force-reinstall", "--no-deps", str(wheel))
+    pip_install(str(wheel))  # then its own requirements (cloudpickle, psutil, pyyaml, packaging)
     problem = horovod_works(tf.version)
     if problem is not None:
         raise BuildError(

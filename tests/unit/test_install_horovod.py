@@ -175,3 +175,18 @@ def test_installer_and_doctor_never_import_tensorflow_keras_or_horovod(module):
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     bad = [n for n in names if n.split(".")[0] in ("tensorflow", "keras", "horovod")]
     assert not bad, bad
+
+
+def test_a_cached_wheel_replaces_a_horovod_built_for_another_tensorflow(monkeypatch, tmp_path):
+    # pip takes an installed horovod 0.28.1 as satisfying the wheel of the same version
+    wheel = tmp_path / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    tf = ih.TensorFlow("tensorflow-cpu", "2.19.0", "/x", ())
+    answers = iter(["the installed Horovod was built for TensorFlow 2.21.0, not 2.19.0", None])
+    calls = []
+    monkeypatch.setattr(ih, "query_tensorflow", lambda: tf)
+    monkeypatch.setattr(ih, "horovod_works", lambda v: next(answers))
+    monkeypatch.setattr(ih, "cached_wheel", lambda d: wheel)
+    monkeypatch.setattr(ih, "build_wheel", lambda *a: pytest.fail("must not build"))
+    monkeypatch.setattr(ih, "pip_install", lambda *args: calls.append(args))
+    assert ih.main([]) == 0
+    assert calls == [("--force-reinstall", "--no-deps", str(wheel)), (str(wheel),)]
