@@ -68,7 +68,10 @@ def main() -> int:
     ckpt = hvdkit.Checkpointer(args.ckpt, model=model, sampler=sampler, every_steps=args.every)
     step = ckpt.restore()  # hvdkit: 0 on a fresh start
     if rank == 0:
-        restart = os.environ.get("HVDKIT_RESTART_COUNT", "0")
+        # hvdkit: hvdkitrun's restarts, or how often Slurm requeued the job
+        restart = os.environ.get("HVDKIT_RESTART_COUNT") or os.environ.get(
+            "SLURM_RESTART_COUNT", "0"
+        )
         print(f"attempt {restart}: {size} rank(s), resuming from step {step}", flush=True)
 
     slow = keras.callbacks.LambdaCallback(

@@ -34,7 +34,14 @@ from collections.abc import Mapping
 from . import config
 from .errors import ConfigurationError
 
-__all__ = ["SlurmEnvironment", "expand_hostlist", "expand_tasks_per_node"]
+__all__ = [
+    "SlurmEnvironment",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "parse_job_record",
+    "requeue_advice",
+    "time_limit_seconds",
+]
 
 # --- Slurm's variables hvdkit reads ---
 JOB_ID = "SLURM_JOB_ID"
@@ -278,3 +285,68 @@ class SlurmEnvironment:
                 f"'#SBATCH --ntasks={raw.strip()}' (or srun -n {raw.strip()}), or unset "
                 f"{config.WORKER_NUM}."
             )
+
+
+# ---------------------------------------------------------------- the job record
+def parse_job_record(text: str) -> dict[str, str]:
+    """``scontrol show job -o``'s ``Key=Value`` fields.
+
+    Example:
+        >>> parse_job_record("JobId=7 JobName=train Requeue=1 TimeLimit=00:05:00")["TimeLimit"]
+        '00:05:00'
+    """
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def time_limit_seconds(value: str) -> float | None:
+    """Slurm's ``TimeLimit`` (``[D-]HH:MM:SS``, ``MM:SS``, ``UNLIMITED``) in seconds; None: none.
+
+    Example:
+        >>> time_limit_seconds("1-02:00:30"), time_limit_seconds("UNLIMITED")
+        (93630.0, None)
+    """
+    days, _, clock = value.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) > 3 or not days.isdigit() and days:
+        return None
+    if len(parts) == 1:  # minutes
+        parts.append("0")
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return float(seconds + int(days or 0) * 86400)
+
+
+def requeue_advice(record: dict[str, str], script: str | None, grace_s: float) -> list[str]:
+    """What is wrong with a job's preemption settings, as messages naming the #SBATCH line.
+
+    Args:
+        record: :func:`parse_job_record` of the job.
+        script: the batch script's text (``scontrol write batch_script``), if known.
+        grace_s: hvdkit's preemption grace period (``HVDKIT_PREEMPT_GRACE``).
+
+    Returns:
+        ``[]``, or warnings; a time limit shorter than the grace period is an error
+        raised as :class:`ConfigurationError`.
+    """
+    limit = time_limit_seconds(record.get("TimeLimit", ""))
+    if limit is not None and limit <= grace_s:
+        raise ConfigurationError(
+            f"the job's time limit ({record['TimeLimit']}) is not longer than hvdkit's preemption "
+            f"grace period ({grace_s:g} s, {config.PREEMPT_GRACE}): the job could not stop at a "
+            "step with a checkpoint before Slurm kills it. Raise '#SBATCH --time', or lower "
+            f"{config.PREEMPT_GRACE}."
+        )
+    if record.get("Requeue") == "1" and limit is not None and script is not None:
+        sbatch_lines = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
+        if not any("--signal" in ln for ln in sbatch_lines):
+            return [
+                "this job may be requeued ('--requeue') and has a time limit "
+                f"({record['TimeLimit']}), but its script has no '#SBATCH --signal' line: at the "
+                "limit Slurm kills it without warning and the work since the last checkpoint is "
+                "lost (and a job killed at its limit is not requeued). Add "
+                f"'#SBATCH --signal=TERM@{max(60, int(2 * grace_s))}' so that hvdkit stops at a "
+                "step with a checkpoint and requeues the job (ignore this if sbatch got --signal "
+                "on its command line)."
+            ]
+    return []

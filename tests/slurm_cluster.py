@@ -52,6 +52,8 @@ TIMINGS = {
     "SlurmctldTimeout": 60,
     "InactiveLimit": 0,
     "BatchStartTimeout": 20,
+    # the main scheduling loop runs every 60 s by default, and a requeued job waits for it
+    "SchedulerParameters": "sched_interval=2",
 }
 FINISHED = {
     "COMPLETED",
@@ -308,8 +310,12 @@ class SlurmCluster:
             raise RuntimeError(f"sbatch {' '.join(args)} failed: {proc.stderr.strip()}")
         return int(proc.stdout.strip().split(";")[0])
 
+    def run(self, *cmd: str) -> str:
+        """A Slurm command (``scontrol requeue 3``, ``scancel ...``) against this cluster."""
+        return _run_env(self.env, *cmd)
+
     def scontrol(self, *args: str) -> str:
-        return _run_env(self.env, "scontrol", *args)
+        return self.run("scontrol", *args)
 
     def job(self, job_id: int) -> dict[str, str]:
         """``scontrol show job``'s fields (JobState, ExitCode, Restarts, NodeList, ...)."""

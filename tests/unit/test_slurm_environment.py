@@ -151,3 +151,29 @@ def test_hvdkitrun_in_an_allocation_takes_its_nodes_and_tasks(monkeypatch):
     )
     # -H wins over the allocation
     assert cli.plan(parser.parse_args(["-H", "a:1", "python", "t.py"])) == (1, [("a", 1)])
+
+
+def test_job_record_time_limits_and_requeue_advice():
+    from hvdkit.environments import parse_job_record, requeue_advice, time_limit_seconds
+
+    record = parse_job_record("JobId=7 JobState=RUNNING Requeue=1 TimeLimit=00:05:00 x=")
+    assert (record["JobState"], record["Requeue"], record["x"]) == ("RUNNING", "1", "")
+    assert [time_limit_seconds(v) for v in ("1-02:00:30", "00:05:00", "02:30", "7")] == [
+        93630.0,
+        300.0,
+        150.0,
+        420.0,
+    ]
+    assert [time_limit_seconds(v) for v in ("UNLIMITED", "Partition_Limit", "")] == [None] * 3
+    with_signal = "#!/bin/bash\n#SBATCH --requeue\n#SBATCH --signal=TERM@60\nsrun python t.py\n"
+    assert requeue_advice(record, with_signal, 25.0) == []
+    (warning,) = requeue_advice(record, "#!/bin/bash\n#SBATCH --requeue\n", 25.0)
+    assert "no '#SBATCH --signal' line" in warning and "'#SBATCH --signal=TERM@60'" in warning
+    assert requeue_advice({**record, "Requeue": "0"}, "#!/bin/bash\n", 25.0) == []
+    assert requeue_advice(record, None, 25.0) == []  # the script is not known: say nothing
+    with pytest.raises(ConfigurationError) as err:
+        requeue_advice(record, with_signal, 300.0)
+    assert str(err.value).startswith(
+        "the job's time limit (00:05:00) is not longer than hvdkit's preemption grace period "
+        "(300 s, HVDKIT_PREEMPT_GRACE)"
+    )
