@@ -46,6 +46,7 @@ _EXPORTS = {
     "Min": "collectives",
     "Max": "collectives",
     "Product": "collectives",
+    "Adasum": "collectives",
     "allreduce": "collectives",
     "grouped_allreduce": "collectives",
     "allgather": "collectives",
@@ -93,13 +94,12 @@ _EXPORTS = {
     "sink": "sink",
     "elastic": "elastic",
     "preemption": "preemption",
-    # Horovod names hvdkit does not implement: importable, refused on use
-    "Adasum": "horovod_only",
-    "ProcessSet": "horovod_only",
-    "global_process_set": "horovod_only",
-    "add_process_set": "horovod_only",
-    "remove_process_set": "horovod_only",
-    "process_set_included_op": "horovod_only",
+    # process sets
+    "ProcessSet": "process_sets",
+    "global_process_set": "process_sets",
+    "add_process_set": "process_sets",
+    "remove_process_set": "process_sets",
+    "process_set_included_op": "process_sets",
     # errors
     "HvdkitError": "errors",
     "NotInitializedError": "errors",
@@ -192,6 +192,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
     from . import callbacks, data, elastic, ops, preemption, sink
     from .checkpoint import Checkpointer
     from .collectives import (
+        Adasum,
         Average,
         Max,
         Min,
@@ -226,14 +227,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         NotSupportedError,
         ShardingError,
     )
-    from .horovod_only import (
-        Adasum,
-        ProcessSet,
-        add_process_set,
-        global_process_set,
-        process_set_included_op,
-        remove_process_set,
-    )
     from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
     from .probes import (
         ccl_built,
@@ -253,6 +246,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         size_op,
         start_timeline,
         stop_timeline,
+    )
+    from .process_sets import (
+        ProcessSet,
+        add_process_set,
+        global_process_set,
+        process_set_included_op,
+        remove_process_set,
     )
     from .runtime import (
         backend_name,

@@ -7,8 +7,10 @@ pre/postscale arithmetic). The Horovod names, argument order and semantics are
 kept (``allreduce(tensor, average=None, device_dense='', device_sparse='',
 compression=..., op=None, prescale_factor=1.0, postscale_factor=1.0, name=None)``,
 ``alltoall`` returning ``(tensor, received_splits)`` when ``splits`` is given),
-so Horovod code only changes its import. Process sets are not supported: every
-collective runs over the whole job.
+so Horovod code only changes its import. ``process_set=`` limits a collective
+to a registered :class:`~hvdkit.ProcessSet` (:mod:`hvdkit.process_sets`);
+there ``S`` below is the set's size and ranks are the set's, in order, while
+``root_rank`` stays a global rank (as Horovod).
 
 Shapes, with ``S = size()``:
 
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import _compat, _progress, runtime
+from . import _compat, _progress, process_sets, runtime
 from ._validate import is_int, is_number
 from .backends import ReduceOp
 from .errors import (
@@ -44,7 +46,7 @@ from .errors import (
     ConfigurationError,
     NotSupportedError,
 )
-from .horovod_only import Adasum, global_process_set
+from .process_sets import ProcessSet
 
 #: What the tensor collectives accept: a tensor, a (Keras) variable, numpy or Python numbers.
 TensorLike = tf.Tensor | tf.Variable | np.ndarray | float | int | Sequence
@@ -58,6 +60,7 @@ __all__ = [
     "Min",
     "Max",
     "Product",
+    "Adasum",
     "allreduce",
     "grouped_allreduce",
     "allgather",
@@ -79,6 +82,7 @@ Sum = ReduceOp.SUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
 
 _eager_call_ids = itertools.count()
 
@@ -128,8 +132,11 @@ class TFArgumentError(ConfigurationError, tf.errors.InvalidArgumentError):
 
 # --------------------------------------------------------------------------- helpers
 def _check_op(op: Any, allowed: Sequence[ReduceOp] = tuple(ReduceOp), what: str = "allreduce"):
-    if op is Adasum:
-        Adasum.refuse(what)  # NotImplementedError, as Horovod where it lacks Adasum
+    if op is Adasum and Adasum not in allowed:
+        raise NotSupportedError(
+            f"{what} does not support op=hvdkit.Adasum (nor does Horovod); use hvdkit.Average "
+            "or hvdkit.Sum, or allreduce with op=hvdkit.Adasum."
+        )
     if op not in allowed:
         names = ", ".join(f"hvdkit.{o.name.title()}" for o in allowed)
         raise ConfigurationError(f"{what} does not support op={op!r}; use one of {names}.")
@@ -156,12 +163,40 @@ def _resolve_op(op: ReduceOp | None, average: bool | None, what: str) -> ReduceO
     return Average
 
 
-def _check_process_set(process_set: Any, what: str) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise ConfigurationError(
-            f"{what}: process_set={process_set!r} is not supported; hvdkit's collectives "
-            "always run over the whole job. Drop the process_set argument (or pass "
-            "hvdkit.global_process_set)."
+def _in_set(process_set: Any, what: str) -> ProcessSet:
+    """The registered set a collective runs over; refuses a set this rank is not in."""
+    return process_sets.resolve(process_set, what)
+
+
+def _size(ps: ProcessSet) -> int:
+    return len(ps.ranks) if ps.process_set_id else runtime.size()
+
+
+def check_adasum(ps: ProcessSet, what: str) -> None:
+    """Horovod's rules for ``op=Adasum`` on CPU, checked before anything is sent.
+
+    Horovod's CPU Adasum is its MPI kernel; Gloo has none. Horovod also
+    refuses it for a process set other than the global one and for a number
+    of ranks that is not a power of 2 (``NotImplementedError``, as here).
+    """
+    n = runtime.size()
+    if n == 1:
+        return  # one rank's tensor is its own adaptive sum
+    if ps.process_set_id:
+        raise NotSupportedError(
+            f"{what}: op=hvdkit.Adasum runs over the whole job only (as Horovod); got "
+            f"process_set={ps}. Drop process_set, or use op=hvdkit.Average in the set."
+        )
+    if runtime.backend().transport() != "mpi":
+        raise NotSupportedError(
+            f"{what}: op=hvdkit.Adasum needs MPI (Horovod's CPU Adasum is an MPI kernel); this "
+            f"job runs over {runtime.backend().transport()}. Launch with horovodrun --mpi, "
+            "mpirun or hvdkitrun --mpi, or use op=hvdkit.Average."
+        )
+    if n & (n - 1):
+        raise NotSupportedError(
+            f"{what}: op=hvdkit.Adasum needs a power of 2 ranks (as Horovod); this job has {n}. "
+            "Launch 2, 4, 8, ... ranks, or use op=hvdkit.Average."
         )
 
 
@@ -190,8 +225,13 @@ def _describe(tensor: tf.Tensor) -> str:
     return f"shape {tensor.shape.as_list()} dtype {tensor.dtype.name}"
 
 
-def _check_root(root_rank: int, what: str) -> None:
+def _check_root(root_rank: int, what: str, ps: ProcessSet | None = None) -> None:
     n = runtime.size()
+    if ps is not None and ps.process_set_id and is_int(root_rank) and root_rank not in ps.ranks:
+        raise ConfigurationError(
+            f"{what}: root_rank={root_rank!r} is not in {ps}; root_rank is a global rank "
+            f"(as in Horovod), one of {ps.ranks}."
+        )
     if not is_int(root_rank) or not 0 <= root_rank < n:
         problem = "is outside the job's ranks" if is_int(root_rank) else "is not a rank of the job"
         raise ConfigurationError(
@@ -200,8 +240,11 @@ def _check_root(root_rank: int, what: str) -> None:
         )
 
 
-def _run(what: str, name: str | None, tensor_info: str, fn):
+def _run(what: str, name: str | None, tensor_info: str, fn, ps: ProcessSet | None = None):
     """Call a backend collective and turn Horovod's errors into hvdkit's.
+
+    ``ps``: the process set it runs over (``None``: the job); the messages
+    and what the launcher reports for a stuck rank name it.
 
     Only eager calls can be translated: inside ``tf.function`` the error is
     raised by TensorFlow when the function runs, with Horovod's message and
@@ -210,6 +253,8 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
     if not tf.executing_eagerly():
         return fn()
     label = repr(name) if name else f"#{next(_eager_call_ids)} (unnamed; pass name= to label it)"
+    if ps is not None and ps.process_set_id:
+        label += f" in process set {ps.process_set_id} {ps.ranks}"
     waiting = _progress.enter(f"{what} {label}")  # the launcher names it if it never returns
     try:
         return fn()
@@ -218,8 +263,10 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
         if "Mismatched" in detail:
             # Horovod reports the error on every rank and stays usable, so all
             # ranks can exchange what they passed and name it in the message.
-            seen = runtime.backend().allgather_object(tensor_info)
-            per_rank = "; ".join(f"rank {r}: {info}" for r, info in enumerate(seen))
+            set_id = ps.process_set_id if ps is not None else 0
+            seen = runtime.backend().allgather_object(tensor_info, process_set_id=set_id)
+            ranks = ps.ranks if set_id else range(len(seen))
+            per_rank = "; ".join(f"rank {r}: {info}" for r, info in zip(ranks, seen, strict=True))
             raise TFCollectiveMismatchError(
                 f"{what} of tensor {label} failed: ranks passed incompatible arguments "
                 f"({per_rank}). Horovod reports: {detail}. Make every rank call {what} "
@@ -232,10 +279,12 @@ def _run(what: str, name: str | None, tensor_info: str, fn):
         _progress.leave(waiting)
 
 
-def _compressed(what: str, t: tf.Tensor, name: str | None, compression, call) -> tf.Tensor:
+def _compressed(
+    what: str, t: tf.Tensor, name: str | None, compression, call, ps: ProcessSet
+) -> tf.Tensor:
     """``call(compressed t)`` through :func:`_run`, decompressed (``compression`` may be None)."""
     c, ctx = compression.compress(t) if compression is not None else (t, None)
-    out = _run(what, name, _describe(c), lambda: call(c))
+    out = _run(what, name, _describe(c), lambda: call(c), ps)
     return compression.decompress(out, ctx) if compression is not None else out
 
 
@@ -244,9 +293,19 @@ def _out(tensor: tf.Tensor, as_numpy: bool):
 
 
 def _reduce_slices(
-    slices: Sequence[tf.IndexedSlices], op: ReduceOp, prescale: float, postscale: float, what: str
+    slices: Sequence[tf.IndexedSlices],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    what: str,
+    ps: ProcessSet,
 ) -> list[tf.IndexedSlices]:
     """Horovod's sparse allreduce: allgather values and indices; Average divides by size."""
+    if op is Adasum:
+        raise NotSupportedError(
+            f"{what}: op=hvdkit.Adasum does not support tf.IndexedSlices (as Horovod); densify "
+            "them with tf.convert_to_tensor, or pass sparse_as_dense=True to the optimizer."
+        )
     if op not in (Sum, Average):
         raise NotSupportedError(
             f"{what} of tf.IndexedSlices supports only op=hvdkit.Sum or hvdkit.Average (as "
@@ -258,9 +317,9 @@ def _reduce_slices(
             f"{what}: prescale_factor/postscale_factor are not supported with tf.IndexedSlices "
             f"(as Horovod); got {prescale}/{postscale}. Scale the values yourself."
         )
-    values = grouped_allgather([s.values for s in slices])
-    indices = grouped_allgather([s.indices for s in slices])
-    n = runtime.size()
+    values = grouped_allgather([s.values for s in slices], process_set=ps)
+    indices = grouped_allgather([s.indices for s in slices], process_set=ps)
+    n = _size(ps)
     out = []
     for v, i, s in zip(values, indices, slices, strict=True):
         if op == Average:
@@ -281,7 +340,7 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
 ) -> TensorOut | tf.IndexedSlices:
     """Reduce ``tensor`` over all ranks; every rank gets the result (Horovod's signature).
@@ -304,11 +363,14 @@ def allreduce(
         device_dense, device_sparse: device for dense / sparse inputs
             (``""``: TensorFlow's choice).
         compression: ``hvdkit.Compression.none`` (``None``) or ``.fp16``.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product``, or
+            ``Adasum`` (Horovod's adaptive summation: MPI only, the whole job,
+            a power of 2 ranks, dense tensors; :func:`check_adasum`).
         prescale_factor, postscale_factor: multiply before / after reducing.
         name: label used in error messages and by Horovod to match the call
             across ranks.
-        process_set: only ``None`` (the whole job).
+        process_set: a registered :class:`~hvdkit.ProcessSet` to reduce within
+            (``Average`` divides by its size); ``None`` is the whole job.
         ignore_name_scope: accepted for Horovod code; names only, no effect
             on results.
 
@@ -332,11 +394,15 @@ def allreduce(
         # parameter is the name; average is a bool, so a string there is that name.
         name, average = average, None
     op = _resolve_op(op, average, "allreduce")
-    _check_process_set(process_set, "allreduce")
+    ps = _in_set(process_set, "allreduce")
     _check_scale(prescale_factor, postscale_factor, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         with _device(device_sparse):
-            return _reduce_slices([tensor], op, prescale_factor, postscale_factor, "allreduce")[0]
+            return _reduce_slices([tensor], op, prescale_factor, postscale_factor, "allreduce", ps)[
+                0
+            ]
+    if op is Adasum:
+        check_adasum(ps, "allreduce")
     t, as_numpy = _as_tensor(tensor)
     with _device(device_dense):
         out = _compressed(
@@ -344,7 +410,10 @@ def allreduce(
             t,
             name,
             compression,
-            lambda c: runtime.backend().allreduce(c, op, name, prescale_factor, postscale_factor),
+            lambda c: runtime.backend().allreduce(
+                c, op, name, prescale_factor, postscale_factor, process_set_id=ps.process_set_id
+            ),
+            ps,
         )
     return _out(out, as_numpy)
 
@@ -359,7 +428,7 @@ def grouped_allreduce(
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
     name: str | None = None,
 ) -> list[TensorOut | tf.IndexedSlices]:
@@ -376,7 +445,7 @@ def grouped_allreduce(
         >>> w, b = hvdkit.grouped_allreduce([grad_w, grad_b])
     """
     op = _resolve_op(op, average, "grouped_allreduce")
-    _check_process_set(process_set, "grouped_allreduce")
+    ps = _in_set(process_set, "grouped_allreduce")
     _check_scale(prescale_factor, postscale_factor, "grouped_allreduce")
     if not tensors:
         return []
@@ -390,11 +459,14 @@ def grouped_allreduce(
                 prescale_factor,
                 postscale_factor,
                 "grouped_allreduce",
+                ps,
             )
         for i, r in zip(sparse, reduced, strict=True):
             out[i] = r
     dense = [i for i in range(len(tensors)) if i not in set(sparse)]
     if dense:
+        if op is Adasum:
+            check_adasum(ps, "grouped_allreduce")
         converted = [_as_tensor(tensors[i]) for i in dense]
         with _device(device_dense):
             packed = [
@@ -408,8 +480,15 @@ def grouped_allreduce(
                 name,
                 info,
                 lambda: runtime.backend().grouped_allreduce(
-                    ts, op, name, prescale_factor, postscale_factor, ignore_name_scope
+                    ts,
+                    op,
+                    name,
+                    prescale_factor,
+                    postscale_factor,
+                    ignore_name_scope,
+                    process_set_id=ps.process_set_id,
                 ),
+                ps,
             )
             if compression is not None:
                 outs = [
@@ -425,7 +504,7 @@ def allgather(
     tensor: TensorLike,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> TensorOut:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
@@ -436,11 +515,17 @@ def allgather(
         >>> hvdkit.allgather(np.full([hvdkit.rank() + 1, 2], hvdkit.rank()))
         array([[0, 0], [1, 1], [1, 1]])   # shape [3, 2] on both ranks of 2
     """
-    _check_process_set(process_set, "allgather")
+    ps = _in_set(process_set, "allgather")
     t, as_numpy = _as_tensor(tensor)
     if t.shape.rank == 0:
         t = tf.reshape(t, [1])
-    out = _run("allgather", name, _describe(t), lambda: runtime.backend().allgather(t, name))
+    out = _run(
+        "allgather",
+        name,
+        _describe(t),
+        lambda: runtime.backend().allgather(t, name, process_set_id=ps.process_set_id),
+        ps,
+    )
     return _out(out, as_numpy)
 
 
@@ -449,7 +534,7 @@ def grouped_allgather(
     tensors: Sequence[TensorLike],
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> list[TensorOut]:
     """:func:`allgather` of several tensors in one fused operation, in input order.
 
@@ -459,14 +544,18 @@ def grouped_allgather(
     Example:
         >>> x, y = hvdkit.grouped_allgather([features, labels])  # rows of every rank
     """
-    _check_process_set(process_set, "grouped_allgather")
+    ps = _in_set(process_set, "grouped_allgather")
     converted = [_as_tensor(t) for t in tensors]
     if not converted:
         return []
     ts = [tf.reshape(t, [1]) if t.shape.rank == 0 else t for t, _ in converted]
     info = "; ".join(_describe(t) for t in ts)
     outs = _run(
-        "grouped_allgather", name, info, lambda: runtime.backend().grouped_allgather(ts, name)
+        "grouped_allgather",
+        name,
+        info,
+        lambda: runtime.backend().grouped_allgather(ts, name, process_set_id=ps.process_set_id),
+        ps,
     )
     return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
 
@@ -477,7 +566,7 @@ def broadcast(
     root_rank: int = 0,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> TensorOut:
     """Every rank receives ``root_rank``'s ``tensor`` (same shape/dtype on all ranks).
 
@@ -489,14 +578,15 @@ def broadcast(
         >>> hvdkit.broadcast(np.array([hvdkit.rank()]), root_rank=1)
         array([1])   # on every rank
     """
-    _check_process_set(process_set, "broadcast")
-    _check_root(root_rank, "broadcast")
+    ps = _in_set(process_set, "broadcast")
+    _check_root(root_rank, "broadcast", ps)
     t, as_numpy = _as_tensor(tensor)
     out = _run(
         "broadcast",
         name,
         f"{_describe(t)} root_rank {root_rank}",
-        lambda: runtime.backend().broadcast(t, root_rank, name),
+        lambda: runtime.backend().broadcast(t, root_rank, name, process_set_id=ps.process_set_id),
+        ps,
     )
     return _out(out, as_numpy)
 
@@ -506,7 +596,7 @@ def broadcast_(
     variables: Sequence[tf.Variable],
     root_rank: int,
     name: str | None = None,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> list[tf.Tensor]:
     """In-place broadcast (Horovod's ``broadcast_``): overwrite ``variables`` with root's values.
 
@@ -522,8 +612,8 @@ def broadcast_(
         >>> hvdkit.broadcast_([v], root_rank=1)
         [<tf.Tensor: numpy=array([1.], dtype=float32)>]   # and v holds [1.] on every rank
     """
-    _check_process_set(process_set, "broadcast_")
-    _check_root(root_rank, "broadcast_")
+    ps = _in_set(process_set, "broadcast_")
+    _check_root(root_rank, "broadcast_", ps)
     variables = list(variables)
     try:
         tf_vars = [_compat.tf_variable(v) for v in variables]
@@ -539,7 +629,10 @@ def broadcast_(
             "broadcast_",
             name,
             info,
-            lambda: runtime.backend().broadcast_inplace(tf_vars, root_rank, name),
+            lambda: runtime.backend().broadcast_inplace(
+                tf_vars, root_rank, name, process_set_id=ps.process_set_id
+            ),
+            ps,
         )
     )
 
@@ -548,7 +641,7 @@ def broadcast_(
 def broadcast_variables(
     variables: Sequence[tf.Variable],
     root_rank: int = 0,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
     inplace: bool = False,
 ) -> None:
     """Overwrite ``variables`` in place with their values on ``root_rank``.
@@ -562,10 +655,10 @@ def broadcast_variables(
     Example:
         >>> hvdkit.broadcast_variables(model.variables, root_rank=0)
     """
-    _check_process_set(process_set, "broadcast_variables")
-    _check_root(root_rank, "broadcast_variables")
+    ps = _in_set(process_set, "broadcast_variables")
+    _check_root(root_rank, "broadcast_variables", ps)
     if inplace:
-        broadcast_(variables, root_rank)
+        broadcast_(variables, root_rank, process_set=ps)
         return
     for i, var in enumerate(variables):
         t = tf.convert_to_tensor(var)
@@ -574,7 +667,10 @@ def broadcast_variables(
             "broadcast",
             label,
             _describe(t),
-            lambda t=t: runtime.backend().broadcast(t, root_rank, None),
+            lambda t=t: runtime.backend().broadcast(
+                t, root_rank, None, process_set_id=ps.process_set_id
+            ),
+            ps,
         )
         var.assign(out)
 
@@ -594,7 +690,7 @@ def reducescatter(
     compression: Any = None,
     op: ReduceOp = Average,
     name: str | None = None,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
@@ -611,7 +707,7 @@ def reducescatter(
         → rank 0 gets ``[[11], [22]]``, rank 1 gets ``[[33]]``.
     """
     _check_op(op, (Average, Sum), "reducescatter")
-    _check_process_set(process_set, "reducescatter")
+    ps = _in_set(process_set, "reducescatter")
     _check_scale(prescale_factor, postscale_factor, "reducescatter")
     t, as_numpy = _as_tensor(tensor)
     _check_scatterable(t, "reducescatter")
@@ -622,8 +718,9 @@ def reducescatter(
             name,
             compression,
             lambda c: runtime.backend().reducescatter(
-                c, op, name, prescale_factor, postscale_factor
+                c, op, name, prescale_factor, postscale_factor, process_set_id=ps.process_set_id
             ),
+            ps,
         )
     return _out(out, as_numpy)
 
@@ -634,7 +731,7 @@ def grouped_reducescatter(
     device_dense: str = "",
     compression: Any = None,
     op: ReduceOp = Average,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
@@ -649,7 +746,7 @@ def grouped_reducescatter(
     rows 2-3 and row 2.
     """
     _check_op(op, (Average, Sum), "grouped_reducescatter")
-    _check_process_set(process_set, "grouped_reducescatter")
+    ps = _in_set(process_set, "grouped_reducescatter")
     _check_scale(prescale_factor, postscale_factor, "grouped_reducescatter")
     converted = [_as_tensor(t) for t in tensors]
     if not converted:
@@ -666,8 +763,9 @@ def grouped_reducescatter(
             name,
             "; ".join(_describe(t) for t in ts),
             lambda: runtime.backend().grouped_reducescatter(
-                ts, op, name, prescale_factor, postscale_factor
+                ts, op, name, prescale_factor, postscale_factor, process_set_id=ps.process_set_id
             ),
+            ps,
         )
         if compression is not None:
             outs = [
@@ -682,7 +780,7 @@ def alltoall(
     splits: TensorLike | None = None,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> TensorOut | tuple[TensorOut, TensorOut]:
     """Send row block ``j`` of ``tensor`` to rank ``j``; receive one block from each rank.
 
@@ -699,9 +797,9 @@ def alltoall(
     sends ``[7, 8]`` with splits ``[2, 0]`` → rank 0 receives ``[0, 7, 8]``
     (splits ``[1, 2]``), rank 1 receives ``[1, 2]`` (splits ``[2, 0]``).
     """
-    _check_process_set(process_set, "alltoall")
+    ps = _in_set(process_set, "alltoall")
     t, as_numpy = _as_tensor(tensor)
-    n = runtime.size()
+    n = _size(ps)
     if t.shape.rank == 0:
         raise ConfigurationError("alltoall needs a tensor with a first dimension; got a scalar.")
     splits_t = None
@@ -725,7 +823,11 @@ def alltoall(
             f"divisible by the number of ranks ({n}); pass splits= for uneven blocks."
         )
     received, rsplits = _run(
-        "alltoall", name, _describe(t), lambda: runtime.backend().alltoall(t, splits_t, name)
+        "alltoall",
+        name,
+        _describe(t),
+        lambda: runtime.backend().alltoall(t, splits_t, name, process_set_id=ps.process_set_id),
+        ps,
     )
     if splits is None:
         return _out(received, as_numpy)
@@ -929,7 +1031,7 @@ def broadcast_object(
     root_rank: int = 0,
     session: None = None,
     name: str | None = None,
-    process_set: None = None,
+    process_set: ProcessSet | None = None,
 ) -> Any:
     """Send a picklable Python object from ``root_rank`` to every rank (eager only).
 
@@ -940,18 +1042,21 @@ def broadcast_object(
         >>> config = hvdkit.broadcast_object(config if hvdkit.rank() == 0 else None)
     """
     _check_session(session, "broadcast_object")
-    _check_process_set(process_set, "broadcast_object")
-    _check_root(root_rank, "broadcast_object")
+    ps = _in_set(process_set, "broadcast_object")
+    _check_root(root_rank, "broadcast_object", ps)
     return _run(
         "broadcast_object",
         name,
         f"a {type(obj).__name__} from root {root_rank}",
-        lambda: runtime.backend().broadcast_object(obj, root_rank),
+        lambda: runtime.backend().broadcast_object(
+            obj, root_rank, process_set_id=ps.process_set_id
+        ),
+        ps,
     )
 
 
 def allgather_object(
-    obj: Any, session: None = None, name: str | None = None, process_set: None = None
+    obj: Any, session: None = None, name: str | None = None, process_set: ProcessSet | None = None
 ) -> list[Any]:
     """List of every rank's picklable object, in rank order (eager only).
 
@@ -960,10 +1065,11 @@ def allgather_object(
         [{'rank': 0}, {'rank': 1}]
     """
     _check_session(session, "allgather_object")
-    _check_process_set(process_set, "allgather_object")
+    ps = _in_set(process_set, "allgather_object")
     return _run(
         "allgather_object",
         name,
         f"a {type(obj).__name__}",
-        lambda: runtime.backend().allgather_object(obj),
+        lambda: runtime.backend().allgather_object(obj, process_set_id=ps.process_set_id),
+        ps,
     )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from . import _buckets, _compat, _graph_progress, _op_names, collectives, runtime
+from . import _buckets, _compat, _graph_progress, _op_names, collectives, process_sets, runtime
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
@@ -25,7 +25,7 @@ _compat.require_keras3()
 
 __all__ = ["DistributedOptimizer", "DistributedGradientTape", "reduce_gradients"]
 
-_GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+_GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM)
 
 # A DistributedOptimizer's gradient allreduce also carries a one-hot marker of
 # the optimizer's step (iterations modulo _STEP_MARKER_SLOTS), fused into the
@@ -42,10 +42,13 @@ def _step_marker(step: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.one_hot(slot, _STEP_MARKER_SLOTS, dtype=dtype)
 
 
-def _check_step_marker(step: tf.Tensor, reduced: tf.Tensor, op: ReduceOp) -> tf.Operation:
-    """Fail on every rank unless every rank reduced gradients of the same step."""
-    n = runtime.size()
-    full = float(n) if op == ReduceOp.SUM else 1.0  # all ranks put 1 in the same slot
+def _check_step_marker(
+    step: tf.Tensor, reduced: tf.Tensor, op: ReduceOp, n: int | None = None
+) -> tf.Operation:
+    """Fail on every rank (of the ``n`` that reduce) unless all reduced the same step."""
+    n = n or runtime.size()
+    # all ranks put 1 in the same slot; Adasum of equal vectors is that vector
+    full = float(n) if op == ReduceOp.SUM else 1.0
     step = tf.convert_to_tensor(step)
     slot = tf.cast(step % _STEP_MARKER_SLOTS, tf.int32)
     got = tf.cast(tf.gather(reduced, slot), tf.float32)
@@ -71,7 +74,7 @@ def _check_reduction_args(op, compression, what: str) -> None:
     if op not in _GRADIENT_OPS:
         raise ConfigurationError(
             f"{what}: op={op!r} is not a gradient reduction; use hvdkit.Average "
-            "(the default) or hvdkit.Sum."
+            "(the default), hvdkit.Sum or hvdkit.Adasum."
         )
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise ConfigurationError(
@@ -93,6 +96,7 @@ def reduce_gradients(
     groups: int | list | None = None,
     num_groups: int = 0,
     variables: Sequence | None = None,
+    process_set: process_sets.ProcessSet | None = None,
 ) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """Average (or sum) gradients over all ranks, in buckets that overlap the backward pass.
 
@@ -121,6 +125,10 @@ def reduce_gradients(
             ``bucket_bytes``: an int splits the gradients into that many
             allreduces, lists of variables are reduced together.
         variables: the variable of each gradient (for list ``groups``).
+        process_set: reduce within this registered set only (``Average``
+            divides by its size; the buckets stay within it). On a rank
+            outside the set, or for a set of one rank, the gradients are
+            returned as they are (Horovod's rule).
 
     Returns:
         A list of the same length and shapes as ``grads``.
@@ -132,8 +140,12 @@ def reduce_gradients(
     _compat.refuse_xla("hvdkit gradient reduction")
     grouping = _buckets.check_groups(groups, num_groups, "reduce_gradients")
     bucket_bytes = _buckets.resolve_bucket_bytes(bucket_bytes, "reduce_gradients")
-    if runtime.size() == 1:
+    ps = process_sets.resolve(process_set, "reduce_gradients", member=False)
+    n = len(ps.ranks) if ps.process_set_id else runtime.size()
+    if n == 1 or not ps.included():
         return list(grads)
+    if op is ReduceOp.ADASUM:
+        collectives.check_adasum(ps, "reduce_gradients")
     out: list = list(grads)
     dense_idx = []
     for i, g in enumerate(grads):
@@ -144,11 +156,13 @@ def reduce_gradients(
                 out[i] = tf.convert_to_tensor(g)
                 dense_idx.append(i)
             else:
+                if op is ReduceOp.ADASUM:
+                    collectives.allreduce(g, op=op)  # Horovod's error: densify them
                 with tf.device(device_sparse):
-                    values = collectives.allgather(g.values)
-                    indices = collectives.allgather(g.indices)
+                    values = collectives.allgather(g.values, process_set=ps)
+                    indices = collectives.allgather(g.indices, process_set=ps)
                     if op == ReduceOp.AVERAGE:
-                        values = values / tf.cast(runtime.size(), values.dtype)
+                        values = values / tf.cast(n, values.dtype)
                 out[i] = tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
         else:
             dense_idx.append(i)
@@ -161,7 +175,7 @@ def reduce_gradients(
             buckets = [[dense_idx[k] for k in b] for b in _buckets.by_bytes(sizes, bucket_bytes)]
         else:
             buckets = _buckets.horovod_groups(grouping, dense_idx, variables)
-        reduced = _reduce_buckets(buckets or [[]], packed, op, step, compression)
+        reduced = _reduce_buckets(buckets or [[]], packed, op, step, compression, ps)
     for i, r in reduced.items():
         out[i] = r
     return out
@@ -173,7 +187,12 @@ def _nbytes(t: tf.Tensor) -> int:
 
 
 def _reduce_buckets(
-    buckets: list[list[int]], packed: dict, op: ReduceOp, step, compression: type[Compressor]
+    buckets: list[list[int]],
+    packed: dict,
+    op: ReduceOp,
+    step,
+    compression: type[Compressor],
+    ps: process_sets.ProcessSet,
 ) -> dict:
     """One grouped allreduce per bucket; the step marker rides in the first.
 
@@ -200,13 +219,15 @@ def _reduce_buckets(
             op=op,
             name=None if call is None else f"{call}.{b}",
             ignore_name_scope=True,
+            process_set=ps,
         )
         if b == 0 and step is not None:
             marker = reduced.pop()
         finished.append(marker if not reduced else reduced[0])
         results.update(zip(bucket, reduced, strict=True))
     _graph_progress.done(token, finished)  # stateful: tf.function runs it
-    checks = [] if step is None else [_check_step_marker(step, marker, op)]
+    n = len(ps.ranks) if ps.process_set_id else runtime.size()
+    checks = [] if step is None else [_check_step_marker(step, marker, op, n)]
     with tf.control_dependencies(checks):
         return {i: tf.identity(compression.decompress(r, packed[i][1])) for i, r in results.items()}
 
@@ -214,7 +235,6 @@ def _reduce_buckets(
 # Horovod's DistributedOptimizer arguments that hvdkit does not implement.
 _HOROVOD_ONLY_ARGUMENTS = (
     "gradient_predivide_factor",
-    "process_set",
     "scale_local_gradients",
 )
 
@@ -227,7 +247,7 @@ def _refuse_extra_arguments(kwargs: dict) -> None:
     if horovod_only:
         raise ConfigurationError(
             f"DistributedOptimizer does not support Horovod's {horovod_only} "
-            "(process sets and the predivide factor are not implemented in hvdkit); drop them."
+            "(the predivide factor is not implemented in hvdkit); drop them."
         )
     raise ConfigurationError(
         f"DistributedOptimizer got {sorted(kwargs)}: these are options of the wrapped Keras "
@@ -300,7 +320,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         optimizer: a ``keras.optimizers.Optimizer`` instance, or a name such
             as ``"adam"``.
         name: optional name of the wrapper.
-        op: ``hvdkit.Average`` (default) or ``hvdkit.Sum``.
+        op: ``hvdkit.Average`` (default), ``hvdkit.Sum``, or ``hvdkit.Adasum``
+            (Horovod's delta rule: each rank applies its own gradients with
+            the wrapped optimizer, and every ``backward_passes_per_step``
+            steps the change of the weights since the last exchange is
+            Adasum-reduced and becomes every rank's change; MPI only, the
+            whole job, a power of 2 ranks. Horovod's advice on the learning
+            rate: do not scale it by ``size()``; see docs/porting-horovod.md).
         compression: ``hvdkit.Compression.none`` or ``.fp16`` (float32
             gradients sent as float16).
         backward_passes_per_step: accumulate gradients locally over this many
@@ -308,7 +334,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             ``iterations`` counts applied updates only.
         average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step`` (so k passes on batch B equal one
-            step on batch k*B with a mean loss).
+            step on batch k*B with a mean loss). ``None`` (default): ``True``,
+            and ``False`` with ``Adasum``, which accumulates no gradients
+            (``True`` with it is refused, as Horovod).
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before
             reducing (faster for small embeddings).
         device_dense, device_sparse: TF devices for the reduction (Horovod's
@@ -321,6 +349,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             int splits the gradients (in model order) into that many
             allreduces; a list of lists of variables reduces each list together
             and every other gradient alone. ``num_groups`` is its older name.
+        process_set: reduce the gradients within this registered
+            :class:`~hvdkit.ProcessSet` only; a rank outside it applies its
+            own gradients (Horovod's rule). Not saved with the model.
 
     Raises:
         ConfigurationError: ``optimizer`` is not a Keras 3 optimizer, is already
@@ -359,13 +390,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         op: ReduceOp = ReduceOp.AVERAGE,
         compression: type[Compressor] = Compression.none,
         backward_passes_per_step: int = 1,
-        average_aggregated_gradients: bool = True,
+        average_aggregated_gradients: bool | None = None,
         sparse_as_dense: bool = False,
         device_dense: str = "",
         device_sparse: str = "",
         bucket_bytes: int | None = None,
         groups: int | list | None = None,
         num_groups: int = 0,
+        process_set: process_sets.ProcessSet | None = None,
         **kwargs,
     ):
         if isinstance(optimizer, str):
@@ -388,6 +420,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"{type(optimizer).__qualname__}.{hint}"
             )
         _check_reduction_args(op, compression, "DistributedOptimizer")
+        if op is ReduceOp.ADASUM and average_aggregated_gradients:
+            raise ConfigurationError(
+                "DistributedOptimizer(op=hvdkit.Adasum) does not support "
+                "average_aggregated_gradients=True (as Horovod): Adasum exchanges the change of "
+                "the weights, not accumulated gradients. Drop the argument."
+            )
+        if average_aggregated_gradients is None:
+            average_aggregated_gradients = op is not ReduceOp.ADASUM
+        if process_set is not None:
+            process_sets.resolve(process_set, "DistributedOptimizer", member=False)
         backward_passes_per_step = check_int(
             "backward_passes_per_step",
             backward_passes_per_step,
@@ -408,6 +450,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.device_sparse = device_sparse
         self.bucket_bytes = bucket_bytes
         self.groups = groups
+        self.process_set = process_set
+        self._adasum_start: list = []  # the weights at the last Adasum exchange
         self._accumulators: list = []
         self._pass_counter = None
         self._skip_reduce = False
@@ -418,7 +462,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
-        if self.backward_passes_per_step > 1:
+        if self.op is ReduceOp.ADASUM:
+            self._pass_counter = self.add_variable(
+                shape=(), dtype="int", initializer="zeros", name="hvdkit_pass_counter"
+            )
+            self._adasum_start = [
+                self.add_variable_from_reference(v, name="hvdkit_adasum_start") for v in var_list
+            ]
+        elif self.backward_passes_per_step > 1:
             self._pass_counter = self.add_variable(
                 shape=(), dtype="int", initializer="zeros", name="hvdkit_pass_counter"
             )
@@ -431,7 +482,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def variables(self):
         own = ([self._pass_counter] if self._pass_counter is not None else []) + list(
-            self._accumulators
+            self._accumulators or self._adasum_start
         )
         return own + list(self.inner_optimizer.variables)
 
@@ -478,6 +529,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             sparse_as_dense=self.sparse_as_dense,
             device_dense=self.device_dense,
             device_sparse=self.device_sparse,
+            process_set=self.process_set,
         )
 
     def apply_gradients(self, grads_and_vars):
@@ -504,10 +556,49 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
+        if self.op is ReduceOp.ADASUM and not self._skip_reduce:
+            self._adasum_apply(grads, trainable_variables)
+            return
         if self.backward_passes_per_step == 1:
             self.inner_optimizer.apply(self.reduce(grads, trainable_variables), trainable_variables)
             return
         self._accumulate_and_maybe_apply(grads, trainable_variables)
+
+    def _adasum_apply(self, grads, trainable_variables):
+        """Horovod's Adasum optimizer: step locally, exchange the weights' change every k steps.
+
+        At the first step the start weights are taken; each step the wrapped
+        optimizer applies this rank's own gradients; every
+        ``backward_passes_per_step``-th step each rank's change since the
+        start (``w - start``) is Adasum-reduced, added to the start, and
+        becomes every rank's weights.
+        """
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+        starts = [self._adasum_start[index[id(v)]] for v in trainable_variables]
+        first = tf.equal(self._pass_counter.value, 0)
+        for start, v in zip(starts, trainable_variables, strict=True):
+            start.assign(tf.where(first, v.value, start.value))
+        self.inner_optimizer.apply(grads, trainable_variables)
+        k = self.backward_passes_per_step
+        ps = process_sets.resolve(self.process_set, "DistributedOptimizer", member=False)
+        if runtime.size() > 1:
+            collectives.check_adasum(ps, "DistributedOptimizer")
+
+        def exchange():
+            deltas = [v.value - s.value for v, s in zip(trainable_variables, starts, strict=True)]
+            call = _op_names.stable_name("adasum")
+            reduced = collectives.grouped_allreduce(
+                deltas, op=ReduceOp.ADASUM, name=call, ignore_name_scope=True
+            )
+            for v, s, d in zip(trainable_variables, starts, reduced, strict=True):
+                s.assign_add(d)
+                v.assign(s.value)
+            return tf.constant(True)
+
+        keras.ops.cond(
+            tf.equal(self._pass_counter.value % k, k - 1), exchange, lambda: tf.constant(False)
+        )
+        self._pass_counter.assign_add(1)
 
     def _accumulate_and_maybe_apply(self, grads, trainable_variables):
         index = {id(v): i for i, v in enumerate(self._trainable_variables)}
@@ -573,7 +664,9 @@ class DistributedGradientTape:
     Args:
         tape: the ``tf.GradientTape`` that recorded the forward pass.
         op, compression, sparse_as_dense, device_dense, device_sparse,
-            bucket_bytes, groups, num_groups: as in :class:`DistributedOptimizer`.
+            bucket_bytes, groups, num_groups, process_set: as in
+            :class:`DistributedOptimizer` (``Adasum`` here reduces the gradients
+            themselves, as Horovod's tape does).
             The buckets overlap the backward pass when ``gradient()`` is called
             inside a ``tf.function`` (eagerly, the tape computes every gradient
             before the first bucket can leave).
@@ -598,6 +691,7 @@ class DistributedGradientTape:
         bucket_bytes: int | None = None,
         groups: int | list | None = None,
         num_groups: int = 0,
+        process_set: process_sets.ProcessSet | None = None,
     ):
         if not isinstance(tape, tf.GradientTape):
             raise ConfigurationError(
@@ -614,6 +708,7 @@ class DistributedGradientTape:
             sparse_as_dense=sparse_as_dense,
             device_dense=device_dense,
             device_sparse=device_sparse,
+            process_set=process_set,
         )
 
     def __enter__(self):

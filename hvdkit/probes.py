@@ -134,8 +134,21 @@ def rank_op(name: str | None = None) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def size_op(name: str | None = None) -> tf.Tensor:
-    """int32 scalar op with :func:`hvdkit.size`, read when the op runs."""
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """int32 scalar op with :func:`hvdkit.size` (or the size of set ``process_set_id``).
+
+    Horovod's signature; a string first argument is taken as ``name`` (hvdkit's
+    earlier ``size_op(name)``).
+
+    Example:
+        >>> hvdkit.size_op(evens.process_set_id)   # int32 scalar: the set's size
+    """
+    if isinstance(process_set_id, str) and name is None:
+        process_set_id, name = 0, process_set_id
+    if process_set_id:
+        from . import process_sets
+
+        return process_sets.set_size_op(process_set_id, name)
     return _topology_op("size", name)
 
 

@@ -45,6 +45,7 @@ def init(
     *,
     intra_op_threads: int | str | None = None,
     pin_gpu: bool = True,
+    process_sets: list | str | None = None,
 ) -> None:
     """Start hvdkit's runtime; call once, before building models.
 
@@ -62,6 +63,10 @@ def init(
         pin_gpu: Make only GPU ``local_rank() % num_gpus`` visible to this
             process and enable memory growth (the Horovod recipe). Not yet
             verified on a GPU machine.
+        process_sets: Horovod's argument: a list of :class:`hvdkit.ProcessSet`
+            to register now (the same list on every rank), or ``"dynamic"``
+            to allow :func:`hvdkit.add_process_set` later
+            (:mod:`hvdkit.process_sets`).
 
     Raises:
         ConfigurationError: ``backend`` is unknown, or ``"local"`` while a
@@ -97,8 +102,15 @@ def init(
             "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
         )
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
+    from . import process_sets as sets_  # same layer; it uses this module's rank()
+
+    sets, dynamic = sets_.static_ranks(process_sets, launched or 1)
+    world = list(range(launched or 1))
+    new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
     _announce_joining()
-    _backend = create(name)
+    _backend = create(name, [ps.ranks for ps in new], dynamic)
+    ids = iter(_backend.process_set_ids())
+    sets_.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], size())
     _configure_threads(threads, _backend.local_size())
     if _backend.size() > 1:
         _keep_a_second_inter_op_thread()
@@ -266,6 +278,9 @@ def shutdown() -> None:
     """Stop the runtime. ``init()`` may be called again afterwards."""
     global _backend
     if _backend is not None:
+        from . import process_sets
+
+        process_sets.forget_all()
         _backend.shutdown()
         _backend = None
 
@@ -305,9 +320,11 @@ def cross_size() -> int:
     return _get().cross_size()
 
 
-def barrier() -> None:
-    """Block until every process of the job has reached this call."""
-    _get().barrier()
+def barrier(process_set=None) -> None:
+    """Block until every process of the job (or of ``process_set``) has reached this call."""
+    from . import process_sets
+
+    _get().barrier(process_sets.resolve(process_set, "barrier").process_set_id)
 
 
 def backend_name() -> str:

@@ -34,7 +34,7 @@ CHECKS = [
     "batch_normalization_keeps_local_statistics",
     "sync_batch_normalization_equals_one_process",
     "dropout_with_seed_keeps_ranks_identical",
-    "horovod_names_refused_on_use",
+    "horovod_names_refused_where_unsupported",
     "alltoall_errors_are_horovods_classes",
     "object_collectives_register_their_wait",
 ]

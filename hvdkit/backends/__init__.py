@@ -9,16 +9,20 @@ from .base import Backend, ReduceOp
 __all__ = ["Backend", "ReduceOp", "build_flags", "create"]
 
 
-def create(name: str) -> Backend:
-    """Instantiate the backend called ``name`` ("local" or "horovod")."""
+def create(name: str, process_sets: list | None = None, dynamic: bool = False) -> Backend:
+    """Instantiate the backend called ``name`` ("local" or "horovod").
+
+    ``process_sets``: lists of global ranks to register at start (none equal
+    to the whole job); ``dynamic``: allow adding and removing sets later.
+    """
     if name == "local":
         from .local import LocalBackend
 
-        return LocalBackend()
+        return LocalBackend(process_sets, dynamic)
     if name == "horovod":
         from .horovod import HorovodBackend
 
-        return HorovodBackend()
+        return HorovodBackend(process_sets, dynamic)
     from ..errors import ConfigurationError
 
     raise ConfigurationError(

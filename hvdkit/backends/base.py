@@ -18,6 +18,7 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
+    ADASUM = "adasum"  # Horovod's adaptive summation (its CPU kernel runs under MPI)
 
     def __repr__(self) -> str:
         return f"hvdkit.{self.name.title()}"
@@ -28,10 +29,26 @@ class Backend(abc.ABC):
 
     Tensor methods take and return ``tf.Tensor`` and must work both eagerly and
     while tracing a ``tf.function``. Argument checking happens in
-    :mod:`hvdkit.collectives`; backends may assume valid input.
+    :mod:`hvdkit.collectives`; backends may assume valid input. Every
+    collective takes ``process_set_id``: ``0`` is the whole job, other ids
+    come from :meth:`process_set_ids` or :meth:`add_process_set`
+    (:mod:`hvdkit.process_sets` checks that this rank is in the set).
     """
 
     name: str
+    dynamic = False  # whether add/remove_process_set may be called (set at creation)
+
+    @abc.abstractmethod
+    def process_set_ids(self) -> list[int]:
+        """Ids of the process sets registered at creation, in the order they were given."""
+
+    @abc.abstractmethod
+    def add_process_set(self, ranks: list[int]) -> int:
+        """Register ``ranks`` (sorted global ranks) in a running job; its id."""
+
+    @abc.abstractmethod
+    def remove_process_set(self, process_set_id: int) -> None:
+        """Unregister the set ``process_set_id`` (added by :meth:`add_process_set`)."""
 
     @abc.abstractmethod
     def rank(self) -> int: ...
@@ -52,7 +69,7 @@ class Backend(abc.ABC):
     def cross_size(self) -> int: ...
 
     @abc.abstractmethod
-    def barrier(self) -> None: ...
+    def barrier(self, process_set_id: int = 0) -> None: ...
 
     @abc.abstractmethod
     def shutdown(self) -> None: ...
@@ -75,6 +92,7 @@ class Backend(abc.ABC):
         name: str | None,
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
+        process_set_id: int = 0,
     ) -> tf.Tensor:
         """``postscale * reduce_r(prescale * tensor_r)``; ``Average`` divides the sum by size.
 
@@ -91,22 +109,31 @@ class Backend(abc.ABC):
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
         ignore_name_scope: bool = False,
+        process_set_id: int = 0,
     ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod
-    def allgather(self, tensor: tf.Tensor, name: str | None) -> tf.Tensor: ...
+    def allgather(
+        self, tensor: tf.Tensor, name: str | None, process_set_id: int = 0
+    ) -> tf.Tensor: ...
 
     @abc.abstractmethod
     def grouped_allgather(
-        self, tensors: Sequence[tf.Tensor], name: str | None
+        self, tensors: Sequence[tf.Tensor], name: str | None, process_set_id: int = 0
     ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod
-    def broadcast(self, tensor: tf.Tensor, root_rank: int, name: str | None) -> tf.Tensor: ...
+    def broadcast(
+        self, tensor: tf.Tensor, root_rank: int, name: str | None, process_set_id: int = 0
+    ) -> tf.Tensor: ...
 
     @abc.abstractmethod
     def broadcast_inplace(
-        self, variables: Sequence[tf.Variable], root_rank: int, name: str | None
+        self,
+        variables: Sequence[tf.Variable],
+        root_rank: int,
+        name: str | None,
+        process_set_id: int = 0,
     ) -> list[tf.Tensor]:
         """Overwrite ``variables`` with root's values; returns their new values."""
 
@@ -118,6 +145,7 @@ class Backend(abc.ABC):
         name: str | None,
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
+        process_set_id: int = 0,
     ) -> tf.Tensor: ...
 
     @abc.abstractmethod
@@ -128,19 +156,20 @@ class Backend(abc.ABC):
         name: str | None,
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
+        process_set_id: int = 0,
     ) -> list[tf.Tensor]: ...
 
     @abc.abstractmethod
     def alltoall(
-        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None
+        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None, process_set_id: int = 0
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns ``(received, received_splits)``."""
 
     @abc.abstractmethod
-    def broadcast_object(self, obj: Any, root_rank: int) -> Any: ...
+    def broadcast_object(self, obj: Any, root_rank: int, process_set_id: int = 0) -> Any: ...
 
     @abc.abstractmethod
-    def allgather_object(self, obj: Any) -> list[Any]: ...
+    def allgather_object(self, obj: Any, process_set_id: int = 0) -> list[Any]: ...
 
     @abc.abstractmethod
     def join(self) -> tf.Tensor:

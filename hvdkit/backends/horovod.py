@@ -60,6 +60,7 @@ def _op(op: ReduceOp):
         ReduceOp.MIN: hvd.Min,
         ReduceOp.MAX: hvd.Max,
         ReduceOp.PRODUCT: hvd.Product,
+        ReduceOp.ADASUM: hvd.Adasum,
     }[op]
 
 
@@ -85,7 +86,7 @@ class HorovodBackend(Backend):
 
     name = "horovod"
 
-    def __init__(self) -> None:
+    def __init__(self, process_sets: list | None = None, dynamic: bool = False) -> None:
         if hvd is None:
             raise ConfigurationError(
                 "hvdkit was launched as part of a multi-process job but Horovod is not "
@@ -94,7 +95,12 @@ class HorovodBackend(Backend):
             )
         setting = config.comm_priority()  # a bad value is refused before the job starts
         before, sockets_before = _threads.thread_ids(), _sockets.tcp_inodes()
-        hvd.init()
+        static = [hvd.ProcessSet(ranks) for ranks in process_sets or []]
+        # "dynamic" makes Horovod set HOROVOD_DYNAMIC_PROCESS_SETS=1 itself, as its init does
+        hvd.init(process_sets="dynamic" if dynamic and not static else static)
+        self.dynamic = dynamic or config.get(config.HOROVOD_DYNAMIC_PROCESS_SETS) == "1"
+        self._sets = {0: hvd.global_process_set} | {ps.process_set_id: ps for ps in static}
+        self._static_ids = [ps.process_set_id for ps in static]
         # Horovod's background thread and Gloo's socket loop, started by init
         self.comm_threads = _threads.started_since(before)
         # Gloo's connections to the other ranks; under MPI, Open MPI's own (to its daemon
@@ -132,6 +138,21 @@ class HorovodBackend(Backend):
         if self._says_decision:
             print(f"hvdkit: {config.COMM_PRIORITY} {line}", file=sys.stderr, flush=True)
 
+    def process_set_ids(self) -> list[int]:
+        return list(self._static_ids)
+
+    def add_process_set(self, ranks: list[int]) -> int:
+        ps = hvd.add_process_set(ranks)
+        self._sets[ps.process_set_id] = ps
+        return ps.process_set_id
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        hvd.remove_process_set(self._sets.pop(process_set_id))
+
+    def _in(self, process_set_id: int) -> dict:
+        """Horovod's ``process_set=`` argument for the set ``process_set_id``."""
+        return {"process_set": self._sets[process_set_id]}
+
     def rank(self) -> int:
         return hvd.rank()
 
@@ -150,10 +171,13 @@ class HorovodBackend(Backend):
     def cross_size(self) -> int:
         return hvd.cross_size()
 
-    def barrier(self) -> None:
+    def barrier(self, process_set_id=0) -> None:
         # horovod.tensorflow 0.28 has no barrier(); an allreduce waits for all.
         hvd.allreduce(
-            tf.zeros([1], tf.int32), op=hvd.Sum, name=f"hvdkit.barrier.{next(_barrier_ids)}"
+            tf.zeros([1], tf.int32),
+            op=hvd.Sum,
+            name=f"hvdkit.barrier.{next(_barrier_ids)}",
+            **self._in(process_set_id),
         )
 
     def abandon(self) -> int:
@@ -165,15 +189,44 @@ class HorovodBackend(Backend):
             self._trial.stop()
         hvd.shutdown()
 
-    def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
-        return hvd.allreduce(tensor, name=name, **_reduction(op, prescale_factor, postscale_factor))
+    def allreduce(
+        self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
+        return hvd.allreduce(
+            tensor,
+            name=name,
+            **_reduction(op, prescale_factor, postscale_factor),
+            **self._in(process_set_id),
+        )
 
     def grouped_allreduce(
-        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False
+        self,
+        tensors,
+        op,
+        name,
+        prescale_factor=1.0,
+        postscale_factor=1.0,
+        ignore_name_scope=False,
+        process_set_id=0,
     ):
         # A name is Horovod's tensor name (one per dtype group: name, name.1, ...);
         # without one Horovod names it after the tensors' graph names.
         index = itertools.count()
+        if op is ReduceOp.ADASUM:
+            # Horovod 0.28.1's grouped_allreduce(op=Adasum) fails in its own Python
+            # (UnboundLocalError on `tensor`); one allreduce per tensor is the same
+            # reduction (Adasum's dot products are per tensor, fused or not).
+            return [
+                self.allreduce(
+                    t,
+                    op,
+                    None if name is None else f"{name}.{i}",
+                    prescale_factor,
+                    postscale_factor,
+                    process_set_id,
+                )
+                for i, t in enumerate(tensors)
+            ]
 
         def reduce(group):
             k = next(index)
@@ -184,51 +237,69 @@ class HorovodBackend(Backend):
                     "ignore_name_scope": ignore_name_scope,
                 }
             return hvd.grouped_allreduce(
-                group, **named, **_reduction(op, prescale_factor, postscale_factor)
+                group,
+                **named,
+                **_reduction(op, prescale_factor, postscale_factor),
+                **self._in(process_set_id),
             )
 
         return _by_dtype(tensors, reduce)
 
-    def allgather(self, tensor, name):
-        return hvd.allgather(tensor, name=name)
+    def allgather(self, tensor, name, process_set_id=0):
+        return hvd.allgather(tensor, name=name, **self._in(process_set_id))
 
-    def grouped_allgather(self, tensors, name):
-        return _by_dtype(tensors, lambda group: hvd.grouped_allgather(group))
-
-    def broadcast(self, tensor, root_rank, name):
-        return hvd.broadcast(tensor, root_rank, name=name)
-
-    def broadcast_inplace(self, variables, root_rank, name):
-        return hvd.broadcast_([_compat.tf_variable(v) for v in variables], root_rank, name=name)
-
-    def reducescatter(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
-        return hvd.reducescatter(
-            tensor, name=name, **_reduction(op, prescale_factor, postscale_factor)
+    def grouped_allgather(self, tensors, name, process_set_id=0):
+        return _by_dtype(
+            tensors, lambda group: hvd.grouped_allgather(group, **self._in(process_set_id))
         )
 
-    def grouped_reducescatter(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
+    def broadcast(self, tensor, root_rank, name, process_set_id=0):
+        return hvd.broadcast(tensor, root_rank, name=name, **self._in(process_set_id))
+
+    def broadcast_inplace(self, variables, root_rank, name, process_set_id=0):
+        tf_vars = [_compat.tf_variable(v) for v in variables]
+        return hvd.broadcast_(tf_vars, root_rank, name=name, **self._in(process_set_id))
+
+    def reducescatter(
+        self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
+        return hvd.reducescatter(
+            tensor,
+            name=name,
+            **_reduction(op, prescale_factor, postscale_factor),
+            **self._in(process_set_id),
+        )
+
+    def grouped_reducescatter(
+        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
         return _by_dtype(
             tensors,
             lambda group: hvd.grouped_reducescatter(
-                group, **_reduction(op, prescale_factor, postscale_factor)
+                group,
+                **_reduction(op, prescale_factor, postscale_factor),
+                **self._in(process_set_id),
             ),
         )
 
-    def alltoall(self, tensor, splits, name):
+    def alltoall(self, tensor, splits, name, process_set_id=0):
         if splits is None:
             # Horovod returns only the tensor without splits; the even split is
             # implied, so reconstruct the received splits ourselves.
-            received = hvd.alltoall(tensor, name=name)
-            rows = tf.shape(received, out_type=tf.int32)[0] // hvd.size()
-            return received, _compat.opaque_while_tracing(tf.fill([hvd.size()], rows))
-        received, received_splits = hvd.alltoall(tensor, splits=splits, name=name)
+            received = hvd.alltoall(tensor, name=name, **self._in(process_set_id))
+            n = self._sets[process_set_id].size()
+            rows = tf.shape(received, out_type=tf.int32)[0] // n
+            return received, _compat.opaque_while_tracing(tf.fill([n], rows))
+        received, received_splits = hvd.alltoall(
+            tensor, splits=splits, name=name, **self._in(process_set_id)
+        )
         return received, _compat.opaque_while_tracing(received_splits)
 
-    def broadcast_object(self, obj: Any, root_rank: int) -> Any:
-        return hvd.broadcast_object(obj, root_rank=root_rank)
+    def broadcast_object(self, obj: Any, root_rank: int, process_set_id=0) -> Any:
+        return hvd.broadcast_object(obj, root_rank=root_rank, **self._in(process_set_id))
 
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return hvd.allgather_object(obj)
+    def allgather_object(self, obj: Any, process_set_id=0) -> list[Any]:
+        return hvd.allgather_object(obj, **self._in(process_set_id))
 
     def join(self):
         return hvd.join()

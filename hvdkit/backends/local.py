@@ -42,6 +42,23 @@ class LocalBackend(Backend):
 
     name = "local"
 
+    def __init__(self, process_sets: list | None = None, dynamic: bool = False) -> None:
+        # hvdkit.process_sets passes no set equal to the job; in a job of one
+        # process every valid set is.
+        self._static = list(range(1, 1 + len(process_sets or [])))
+        self._next_id = 1 + len(self._static)
+        self.dynamic = dynamic
+
+    def process_set_ids(self) -> list[int]:
+        return list(self._static)
+
+    def add_process_set(self, ranks: list[int]) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        return None
+
     def rank(self) -> int:
         return 0
 
@@ -51,49 +68,62 @@ class LocalBackend(Backend):
     local_rank = cross_rank = rank
     local_size = cross_size = size
 
-    def barrier(self) -> None:
+    def barrier(self, process_set_id=0) -> None:
         return None
 
     def shutdown(self) -> None:
         self._timeline = None
 
-    def allreduce(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
+    def allreduce(
+        self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
         return _reduce(tensor, prescale_factor, postscale_factor)
 
     def grouped_allreduce(
-        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False
+        self,
+        tensors,
+        op,
+        name,
+        prescale_factor=1.0,
+        postscale_factor=1.0,
+        ignore_name_scope=False,
+        process_set_id=0,
     ):
         return [_reduce(t, prescale_factor, postscale_factor) for t in tensors]
 
-    def allgather(self, tensor, name):
+    def allgather(self, tensor, name, process_set_id=0):
         return tf.identity(tensor)
 
-    def grouped_allgather(self, tensors, name):
+    def grouped_allgather(self, tensors, name, process_set_id=0):
         return [tf.identity(t) for t in tensors]
 
-    def broadcast(self, tensor, root_rank, name):
+    def broadcast(self, tensor, root_rank, name, process_set_id=0):
         return tf.identity(tensor)
 
-    def broadcast_inplace(self, variables, root_rank, name):
+    def broadcast_inplace(self, variables, root_rank, name, process_set_id=0):
         return [tf.identity(_compat.tf_variable(v)) for v in variables]
 
-    def reducescatter(self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0):
+    def reducescatter(
+        self, tensor, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
         return _reduce(tensor, prescale_factor, postscale_factor)
 
-    def grouped_reducescatter(self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0):
+    def grouped_reducescatter(
+        self, tensors, op, name, prescale_factor=1.0, postscale_factor=1.0, process_set_id=0
+    ):
         return [_reduce(t, prescale_factor, postscale_factor) for t in tensors]
 
     def alltoall(
-        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None
+        self, tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None, process_set_id=0
     ) -> tuple[tf.Tensor, tf.Tensor]:
         rows = tf.shape(tensor, out_type=tf.int32)[:1]
         return tf.identity(tensor), rows
 
-    def broadcast_object(self, obj: Any, root_rank: int) -> Any:
+    def broadcast_object(self, obj: Any, root_rank: int, process_set_id=0) -> Any:
         # A real broadcast hands back a copy; keep that contract.
         return copy.deepcopy(obj)
 
-    def allgather_object(self, obj: Any) -> list[Any]:
+    def allgather_object(self, obj: Any, process_set_id=0) -> list[Any]:
         return [copy.deepcopy(obj)]
 
     def join(self) -> tf.Tensor:

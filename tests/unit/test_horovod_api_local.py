@@ -25,6 +25,10 @@ SAME_SIGNATURE = [
     "broadcast_variables",
     "broadcast_object",
     "allgather_object",
+    "size_op",
+    "process_set_included_op",
+    "add_process_set",
+    "remove_process_set",
     "rank_op",
     "local_rank_op",
     "local_size_op",
@@ -40,9 +44,9 @@ def test_parameters_in_horovods_order(name):
     assert ours[: len(theirs)] == theirs, (name, ours, theirs)
 
 
-def test_size_op_takes_name():
-    # Horovod's size_op(process_set_id=0, name=None): process sets are not supported
-    assert list(inspect.signature(hvdkit.size_op).parameters) == ["name"]
+def test_size_op_takes_process_set_id_then_name():
+    # Horovod's size_op(process_set_id=0, name=None); a string first is hvdkit's old name=
+    assert list(inspect.signature(hvdkit.size_op).parameters) == ["process_set_id", "name"]
 
 
 def test_scaling_is_horovods_arithmetic(local_runtime):

@@ -1,0 +1,262 @@
+"""Process sets and Adasum as a Horovod script uses them, on 2 ranks: numbers, classes, errors.
+
+argv: outdir. The run sets HOROVOD_DYNAMIC_PROCESS_SETS=1. Each rank is the
+only member of its own set ({0} and {1}: two data-parallel groups), beside
+the global set and a set {0, 1} equal to the job. Adasum's numbers are
+checked against Horovod's own allreduce (``horovod.tensorflow``, called
+directly as the oracle in the same job); under Gloo Adasum must be refused.
+"""
+
+import os
+import sys
+
+import horovod.tensorflow as oracle  # Horovod itself, for Adasum's expected numbers
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdkit as hvd
+
+from _harness import Checks
+
+sets = [hvd.ProcessSet([0]), hvd.ProcessSet([1]), hvd.ProcessSet([1, 0])]
+hvd.init(process_sets=sets)
+r, n = hvd.rank(), hvd.size()
+c = Checks(r, sys.argv[1])
+TRANSPORT = "mpi" if "OMPI_COMM_WORLD_SIZE" in os.environ else "gloo"
+assert n == 2
+mine, other, world = sets[r], sets[1 - r], sets[2]
+
+
+def expect(error, fragment, call):
+    try:
+        call()
+    except error as e:
+        assert fragment in str(e), (fragment, str(e))
+        return e
+    raise AssertionError(f"no {error.__name__} for: {fragment}")
+
+
+with c.check("static_sets_rank_size_included"):
+    assert sorted([sets[0].process_set_id, sets[1].process_set_id]) == [1, 2], sets
+    assert (mine.rank(), mine.size(), mine.included()) == (0, 1, True)
+    assert (other.size(), other.included()) == (1, False)
+    expect(hvd.ConfigurationError, f"rank {r} is not in ProcessSet", other.rank)
+    assert world.process_set_id == 0 and world.ranks == [0, 1]  # equal to the job: global
+    assert (world.rank(), world.size()) == (r, 2)
+    assert hvd.global_process_set.ranks == [0, 1] and hvd.global_process_set.size() == 2
+    assert int(hvd.size_op(mine.process_set_id)) == 1 and int(hvd.size_op()) == 2
+    assert int(hvd.process_set_included_op(mine.process_set_id)) == 1
+    assert int(hvd.process_set_included_op(other.process_set_id)) == 0
+    assert int(hvd.process_set_included_op(0)) == 1
+
+with c.check("collectives_in_own_set_see_only_this_rank"):
+    x = tf.constant([1.0, 2.0]) * (r + 1)  # rank 0 [1, 2], rank 1 [2, 4]
+    assert hvd.allreduce(x, op=hvd.Sum, process_set=mine).numpy().tolist() == x.numpy().tolist()
+    assert hvd.allreduce(x, process_set=mine).numpy().tolist() == x.numpy().tolist()  # /1
+    assert hvd.allgather(x, process_set=mine).numpy().tolist() == x.numpy().tolist()
+    assert hvd.broadcast(x, r, process_set=mine).numpy().tolist() == x.numpy().tolist()
+    got, splits = hvd.alltoall(x, splits=[2], process_set=mine)
+    assert got.numpy().tolist() == x.numpy().tolist() and splits.numpy().tolist() == [2]
+    assert hvd.reducescatter(x, op=hvd.Sum, process_set=mine).numpy().tolist() == [
+        1.0 * (r + 1),
+        2.0 * (r + 1),
+    ]
+    g = hvd.grouped_allreduce([x, tf.constant([r])], op=hvd.Sum, process_set=mine)
+    assert g[1].numpy().tolist() == [r]
+    assert hvd.allgather_object({"r": r}, process_set=mine) == [{"r": r}]
+    assert hvd.broadcast_object(r * 10, root_rank=r, process_set=mine) == r * 10
+    v = tf.Variable([float(r)])
+    hvd.broadcast_variables([v], root_rank=r, process_set=mine)
+    assert v.numpy().tolist() == [float(r)]
+    hvd.barrier(process_set=mine)
+    f = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, process_set=mine))
+    assert f(x).numpy().tolist() == x.numpy().tolist()
+    # the same calls over the global set and the set equal to the job: both ranks
+    for ps in (hvd.global_process_set, world, None):
+        assert hvd.allreduce(x, op=hvd.Sum, process_set=ps).numpy().tolist() == [3.0, 6.0]
+    assert hvd.allgather(x, process_set=world).numpy().tolist() == [1.0, 2.0, 2.0, 4.0]
+    assert hvd.allgather_object(r, process_set=world) == [0, 1]
+
+with c.check("collective_on_a_set_this_rank_is_not_in_is_refused"):
+    x = np.array([1.0])
+    for call in (
+        lambda: hvd.allreduce(x, process_set=other),
+        lambda: hvd.allgather(x, process_set=other),
+        lambda: hvd.broadcast(x, 1 - r, process_set=other),
+        lambda: hvd.allgather_object(1, process_set=other),
+        lambda: hvd.barrier(process_set=other),
+    ):
+        expect(hvd.ConfigurationError, f"rank {r} is not in ProcessSet", call)
+    expect(
+        hvd.ConfigurationError,
+        f"root_rank={1 - r} is not in",
+        lambda: hvd.broadcast(x, 1 - r, process_set=mine),
+    )
+    expect(
+        hvd.ConfigurationError,
+        "is not an hvdkit.ProcessSet",
+        lambda: hvd.allreduce(x, process_set=[0]),
+    )
+    # every rank is still in step: a global collective after the refusals
+    assert hvd.allreduce(np.array([1.0]), op=hvd.Sum).tolist() == [2.0]
+
+with c.check("dynamic_sets_remove_use_add_again"):
+    first = sets[0]
+    assert hvd.remove_process_set(first) is True  # every rank calls it
+    assert first.process_set_id is None and hvd.remove_process_set(first) is False
+    if r == 0:
+        expect(
+            hvd.ConfigurationError,
+            "was removed with remove_process_set",
+            lambda: hvd.allreduce(np.ones(1), process_set=first),
+        )
+    again = hvd.add_process_set([0])
+    assert again.process_set_id not in (None, 0, sets[1].process_set_id), again
+    expect(hvd.ConfigurationError, "already holds ranks [0]", lambda: hvd.add_process_set([0]))
+    expect(hvd.ConfigurationError, "outside the job's ranks", lambda: hvd.add_process_set([0, 2]))
+    if r == 0:
+        assert hvd.allreduce(np.array([5.0]), op=hvd.Sum, process_set=again).tolist() == [5.0]
+    assert hvd.add_process_set([0, 1]).process_set_id == 0  # the job itself: the global set
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+    if r == 0:  # the set {0} is now `again` on every rank
+        mine = again
+    else:
+        other = again
+    assert hvd.allreduce(np.array([1.0]), op=hvd.Sum).tolist() == [2.0]
+
+
+def model_and_data(seed=7):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    rng = np.random.default_rng(100 + r)  # different rows on each rank
+    x = rng.normal(size=(8, 3)).astype("float32")
+    y = rng.normal(size=(8, 2)).astype("float32")
+    return model, x, y
+
+
+def local_gradients(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+with c.check("optimizer_and_tape_reduce_within_the_set"):
+    model, x, y = model_and_data()
+    w0 = [v.numpy() for v in model.trainable_variables]
+    mine_grads = [g.numpy() for g in local_gradients(model, x, y)]
+    both = [hvd.allreduce(g) for g in mine_grads]  # the job's average (numpy in, out)
+    # the tape and reduce_gradients within this rank's own set: its own gradients
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape = hvd.DistributedGradientTape(tape, process_set=mine)
+    for got, want in zip(tape.gradient(loss, model.trainable_variables), mine_grads, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+    for ps, want_all in ((mine, mine_grads), (world, both), (None, both), (other, mine_grads)):
+        got = hvd.reduce_gradients([tf.constant(g) for g in mine_grads], process_set=ps)
+        for g, want in zip(got, want_all, strict=True):
+            np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)
+    # one SGD step in the optimizer: own set -> own gradients; the job -> averaged
+    for ps, grads in ((mine, mine_grads), (world, both)):
+        for v, w in zip(model.trainable_variables, w0, strict=True):
+            v.assign(w)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=ps)
+        opt.apply(local_gradients(model, x, y), model.trainable_variables)
+        for v, w, g in zip(model.trainable_variables, w0, grads, strict=True):
+            np.testing.assert_allclose(v.numpy(), w - 0.1 * g, rtol=1e-5, atol=1e-7)
+    # in fit, each group trains alone: the two ranks end with different weights
+    for v, w in zip(model.trainable_variables, w0, strict=True):
+        v.assign(w)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=mine), "mse")
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    kernels = hvd.allgather(model.trainable_variables[0].numpy()[None])
+    assert not np.allclose(kernels[0], kernels[1]), "the groups were averaged together"
+
+
+def adasum_of_two(a, b):
+    """Adasum's rule for two vectors (its paper): each keeps what the other lacks."""
+    dot = float(np.dot(a.ravel(), b.ravel()))
+    return (1 - dot / (2 * np.dot(a.ravel(), a.ravel()))) * a + (
+        1 - dot / (2 * np.dot(b.ravel(), b.ravel()))
+    ) * b
+
+
+with c.check("adasum_allreduce_is_horovods"):
+    rng = np.random.default_rng(11 + r)
+    a = rng.normal(size=(4, 3))
+    b = rng.normal(size=(5,)).astype("float32")
+    if TRANSPORT == "gloo":
+        for call in (
+            lambda: hvd.allreduce(a, op=hvd.Adasum),
+            lambda: hvd.grouped_allreduce([a, b], op=hvd.Adasum),
+            lambda: hvd.reduce_gradients([tf.constant(b)], op=hvd.Adasum),
+        ):
+            e = expect(hvd.NotSupportedError, "needs MPI", call)
+            assert isinstance(e, NotImplementedError) and "over gloo" in str(e), e
+    else:
+        got = hvd.allreduce(a, op=hvd.Adasum)
+        want = oracle.allreduce(tf.constant(a), op=oracle.Adasum).numpy()
+        np.testing.assert_array_equal(got, want)
+        both = hvd.allgather(a[None])
+        np.testing.assert_allclose(got, adasum_of_two(both[0], both[1]), rtol=1e-10)
+        ga, gb = hvd.grouped_allreduce([a, b], op=hvd.Adasum)
+        np.testing.assert_array_equal(gb, oracle.allreduce(tf.constant(b), op=oracle.Adasum))
+        np.testing.assert_array_equal(ga, want)
+        in_fn = tf.function(lambda t: hvd.allreduce(t, op=hvd.Adasum))(tf.constant(b))
+        np.testing.assert_array_equal(in_fn, oracle.allreduce(tf.constant(b), op=oracle.Adasum))
+    sparse = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([r]))
+    expect(
+        hvd.NotSupportedError,
+        "Adasum does not support tf.IndexedSlices",
+        lambda: hvd.allreduce(sparse, op=hvd.Adasum),
+    )
+    expect(
+        hvd.NotSupportedError,
+        "whole job only",
+        lambda: hvd.allreduce(a, op=hvd.Adasum, process_set=mine),
+    )
+
+with c.check("adasum_optimizer_is_horovods_delta_rule"):
+    expect(
+        hvd.ConfigurationError,
+        "average_aggregated_gradients=True",
+        lambda: hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), op=hvd.Adasum, average_aggregated_gradients=True
+        ),
+    )
+    model, x, y = model_and_data()
+    w0 = [v.numpy() for v in model.trainable_variables]
+    opt = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), op=hvd.Adasum, backward_passes_per_step=2
+    )
+    if TRANSPORT == "gloo":
+        expect(
+            hvd.NotSupportedError,
+            "needs MPI",
+            lambda: opt.apply(local_gradients(model, x, y), model.trainable_variables),
+        )
+    else:
+        # the oracle: two local SGD steps on this rank's halves, then Horovod's Adasum of
+        # each rank's change of the weights, added to the start
+        local = [tf.Variable(w) for w in w0]
+        ref = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        for half in (slice(0, 4), slice(4, 8)):
+            ref.set_weights([v.numpy() for v in local])
+            for v, g in zip(local, local_gradients(ref, x[half], y[half]), strict=True):
+                v.assign_sub(0.1 * g)
+        want = [
+            w + oracle.allreduce(tf.constant(v.numpy() - w), op=oracle.Adasum).numpy()
+            for v, w in zip(local, w0, strict=True)
+        ]
+        opt.apply(local_gradients(model, x[:4], y[:4]), model.trainable_variables)
+        after_one = [v.numpy() for v in model.trainable_variables]
+        opt.apply(local_gradients(model, x[4:], y[4:]), model.trainable_variables)
+        for v, w in zip(model.trainable_variables, want, strict=True):
+            np.testing.assert_allclose(v.numpy(), w, rtol=1e-5, atol=1e-6)
+        kernels = hvd.allgather(model.trainable_variables[0].numpy()[None])
+        np.testing.assert_array_equal(kernels[0], kernels[1])  # one model again after the exchange
+        # after the first, local step the ranks had moved apart (no exchange yet)
+        firsts = hvd.allgather(after_one[0][None])
+        assert not np.allclose(firsts[0], firsts[1])
+
+c.finish()
