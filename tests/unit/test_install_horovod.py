@@ -90,19 +90,28 @@ def test_an_unknown_missing_header_is_named(tmp_path, horovod_includes):
         ih.plan_headers(tf, tmp_path / "shim")
 
 
-def test_the_installed_tensorflow_needs_the_forwarding_header_only():
-    # the repository's venv has TF 2.21: xla_builder.h moved; highwayhash/farmhash come
-    # from /usr/include (install.sh's libhighwayhash-dev, libfarmhash-dev)
+# What Horovod 0.28.1's build needs per TensorFlow (docs/install.md), found on Debian 12:
+# xla_builder.h moved (2.19+); 2.19's XLA headers include LLVM's (llvm-14-dev); 2.21's
+# highwayhash/farmhash come from /usr/include (libhighwayhash-dev, libfarmhash-dev).
+XLA_BUILDER = {"tensorflow/compiler/xla/client/xla_builder.h": "xla/hlo/builder/xla_builder.h"}
+NEEDS = {
+    "2.18": ({}, []),
+    "2.19": (XLA_BUILDER, ["/usr/lib/llvm-14/include"]),
+    "2.20": (XLA_BUILDER, []),
+    "2.21": (XLA_BUILDER, []),
+}
+
+
+def test_the_installed_tensorflow_gets_the_fixes_its_version_needs():
+    # the repository's venv has TF 2.21; scripts/matrix.sh runs this in each version's venv
     tf = ih.query_tensorflow()
     assert tf.distribution in ih.tensorflow_distributions()
     import tempfile
 
     with tempfile.TemporaryDirectory() as shim:
         plan = ih.plan_headers(tf, Path(shim))
-    assert plan.forwarded == {
-        "tensorflow/compiler/xla/client/xla_builder.h": "xla/hlo/builder/xla_builder.h"
-    }
-    assert plan.include_dirs == []
+    minor = ".".join(tf.version.split(".")[:2])
+    assert (plan.forwarded, plan.include_dirs) == NEEDS[minor], tf.version
 
 
 def test_missing_tools_name_their_debian_packages():
