@@ -83,6 +83,7 @@ _EXPORTS = {
     "DistributedOptimizer": "optimizer",
     "DistributedGradientTape": "optimizer",
     "reduce_gradients": "optimizer",
+    "PartialDistributedGradientTape": "partial",
     "Compression": "compression",
     "SyncBatchNormalization": "sync_batch_norm",
     "load_model": "saving",
@@ -228,6 +229,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         ShardingError,
     )
     from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
+    from .partial import PartialDistributedGradientTape
     from .probes import (
         ccl_built,
         cuda_built,

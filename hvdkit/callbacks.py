@@ -17,6 +17,7 @@ __all__ = [
     "LearningRateWarmupCallback",
     "LearningRateScheduleCallback",
     "RankZeroOnly",
+    "BestModelCheckpoint",
 ]
 
 logger = logging.getLogger("hvdkit")
@@ -424,6 +425,79 @@ class RankZeroOnly(keras.callbacks.Callback):
 
     def on_predict_batch_end(self, batch, logs=None):
         self._forward("on_predict_batch_end", batch, logs)
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keep the best model so far (Horovod's name): decided job-wide, written by rank 0.
+
+    A ``keras.callbacks.ModelCheckpoint`` with ``save_best_only=True``. At each
+    save point the monitored value is averaged over the ranks first (a no-op
+    when ``MetricAverageCallback`` already made it the job's), so every rank
+    takes the same decision and keeps the same ``best``; only rank 0 writes
+    the file.
+
+    Args:
+        monitor, verbose, save_weights_only, mode, save_freq: Horovod's and
+            Keras's arguments, in Horovod's order.
+        filepath: where to write (``.keras``, or ``.weights.h5`` with
+            ``save_weights_only``). Horovod's constructor has none (its Spark
+            estimator sets ``filepath`` later); here it may be set later too,
+            but must be set before ``fit``.
+
+    Raises:
+        ConfigurationError: at the start of ``fit``, ``filepath`` is still ``None``.
+
+    Example:
+        >>> model.fit(ds, validation_data=val, callbacks=[
+        ...     hvdkit.callbacks.MetricAverageCallback(),
+        ...     hvdkit.callbacks.BestModelCheckpoint(filepath="best.keras")])
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        filepath: str | None = None,
+    ):
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(
+            filepath=filepath if filepath is not None else placeholder,
+            monitor=monitor,
+            verbose=verbose if runtime.rank() == 0 else 0,
+            save_best_only=True,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            save_freq=save_freq,
+        )
+        if filepath is None:
+            self.filepath = None
+
+    def on_train_begin(self, logs=None):
+        if self.filepath is None:
+            raise ConfigurationError(
+                "BestModelCheckpoint has no filepath: pass filepath='best.keras' (or "
+                "'.weights.h5' with save_weights_only=True), or set its .filepath before fit."
+            )
+        super().on_train_begin(logs)
+
+    def _save_model(self, epoch, batch, logs):
+        logs = dict(logs or {})
+        current = logs.get(self.monitor)
+        if current is not None and np.ndim(current) == 0 and runtime.size() > 1:
+            mean = collectives.allreduce(np.array([float(current)]), name="hvdkit.best_model")
+            logs[self.monitor] = float(mean[0])
+        if runtime.rank() == 0:
+            super()._save_model(epoch, batch, logs)
+            return
+        current = logs.get(self.monitor)  # the same decision as rank 0, without the write
+        if current is not None and np.ndim(current) == 0:
+            if self.monitor_op is None:
+                self._set_monitor_op()
+            if self._is_improvement(current, self.best):
+                self.best = current
 
 
 def refuse_backup_and_restore() -> None:

@@ -1,4 +1,4 @@
-"""Process sets and Adasum as a Horovod script uses them, on 2 ranks: numbers, classes, errors.
+"""Process sets, Adasum, the partial tape and BestModelCheckpoint on 2 ranks, as Horovod's.
 
 argv: outdir. The run sets HOROVOD_DYNAMIC_PROCESS_SETS=1. Each rank is the
 only member of its own set ({0} and {1}: two data-parallel groups), beside
@@ -258,5 +258,111 @@ with c.check("adasum_optimizer_is_horovods_delta_rule"):
         # after the first, local step the ranks had moved apart (no exchange yet)
         firsts = hvd.allgather(after_one[0][None])
         assert not np.allclose(firsts[0], firsts[1])
+
+
+def body_and_head(seed=3):
+    keras.utils.set_random_seed(seed)
+    body, head = keras.layers.Dense(4, name="body"), keras.layers.Dense(2, name="head")
+    model = keras.Sequential([keras.Input((3,)), body, head])
+    return model, body, head
+
+
+with c.check("partial_tape_keeps_local_layers_local"):
+    model, body, head = body_and_head()
+    _, x, y = model_and_data()
+    variables = model.trainable_variables
+    local = [g.numpy() for g in local_gradients(model, x, y)]
+    averaged = [hvd.allreduce(g) for g in local]
+    n_body = len(body.trainable_variables)
+
+    def partial_gradients(**kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        tape = hvd.PartialDistributedGradientTape(tape, **kwargs)
+        return [g.numpy() for g in tape.gradient(loss, variables)], tape, loss
+
+    got, _, _ = partial_gradients(local_layers=[head])  # Horovod's default: scaled by 1/size
+    for i, g in enumerate(got):
+        want = averaged[i] if i < n_body else local[i] / n
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-7)
+    got, _, _ = partial_gradients(local_layers=head, scale_local_gradients=False)
+    for i, g in enumerate(got):
+        np.testing.assert_allclose(g, averaged[i] if i < n_body else local[i], rtol=1e-5)
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[head])
+    mine_pairs, shared_pairs = tape.get_local_and_global_gradients(loss, variables)
+    assert [v.path for v, _ in mine_pairs] == [v.path for v in head.trainable_variables]
+    assert [v.path for v, _ in shared_pairs] == [v.path for v in body.trainable_variables]
+    tape.register_local_source(body.trainable_variables[1])  # the body's bias stays local too
+    got = tape.gradient(loss, variables)
+    np.testing.assert_allclose(got[1].numpy(), local[1] / n, rtol=1e-5)
+    # errors: not a layer; a layer of another model
+    expect(
+        hvd.ConfigurationError,
+        "local_layers must be Keras layers; got str",
+        lambda: hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=["head"]),
+    )
+    stray = keras.layers.Dense(2, name="stray")
+    stray.build((None, 4))
+    with tf.GradientTape() as t2:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    expect(
+        hvd.ConfigurationError,
+        "local layer 'stray' has no trainable variable",
+        lambda: hvd.PartialDistributedGradientTape(t2, local_layers=[stray]).gradient(
+            loss, variables
+        ),
+    )
+
+    # a few training steps in a tf.function: the body stays one model, the heads part ways
+    opt = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        tape = hvd.PartialDistributedGradientTape(tape, local_layers=[head])
+        opt.apply(tape.gradient(loss, variables), variables)
+
+    for _ in range(3):
+        step(x, y)
+    bodies = hvd.allgather(body.kernel.numpy()[None])
+    heads = hvd.allgather(head.kernel.numpy()[None])
+    np.testing.assert_array_equal(bodies[0], bodies[1])
+    assert not np.allclose(heads[0], heads[1]), "the local heads were averaged"
+
+with c.check("best_model_checkpoint_decides_job_wide_rank0_writes"):
+    model, x, y = model_and_data()
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    rng = np.random.default_rng(50 + r)  # each rank's validation rows differ
+    xv, yv = rng.normal(size=(6, 3)).astype("float32"), rng.normal(size=(6, 2)).astype("float32")
+    path = os.path.join(sys.argv[1], f"best-rank{r}.keras")
+    cb = hvd.callbacks.BestModelCheckpoint(filepath=path)
+    assert (cb.monitor, cb.save_best_only, cb.save_weights_only) == ("val_loss", True, False)
+    hist = model.fit(
+        x,
+        y,
+        validation_data=(xv, yv),
+        epochs=4,
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), cb],
+    )
+    per_rank = hvd.allgather(np.array([hist.history["val_loss"]]))  # this rank's own losses
+    job = per_rank.mean(axis=0)
+    np.testing.assert_allclose(cb.best, job.min(), rtol=1e-5)  # the job's best, on both ranks
+    assert hvd.allgather_object(cb.best) == [cb.best, cb.best]
+    assert os.path.exists(path) == (r == 0), (r, path)  # rank 0 writes, rank 1 never
+    if r == 0:
+        best = keras.models.load_model(path)
+        assert best.count_params() == model.count_params()
+    unset = hvd.callbacks.BestModelCheckpoint()
+    expect(
+        hvd.ConfigurationError,
+        "BestModelCheckpoint has no filepath",
+        lambda: model.fit(x, y, epochs=1, verbose=0, callbacks=[unset]),
+    )
 
 c.finish()

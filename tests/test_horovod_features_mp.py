@@ -1,4 +1,4 @@
-"""Process sets (static and dynamic) and Adasum on 2 ranks over Gloo and MPI.
+"""Process sets (static and dynamic), Adasum, the partial tape, BestModelCheckpoint: 2 ranks.
 
 Adasum's numbers are Horovod's own (its allreduce called directly in the same
 job); over Gloo every Adasum call must be refused naming MPI.
@@ -9,7 +9,7 @@ import pytest
 from conftest import WorkerRun
 
 RUN = WorkerRun(
-    "process_sets_worker.py",
+    "horovod_features_worker.py",
     timeout=900,
     env_extra={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},
 )
@@ -22,13 +22,15 @@ CHECKS = [
     "optimizer_and_tape_reduce_within_the_set",
     "adasum_allreduce_is_horovods",
     "adasum_optimizer_is_horovods_delta_rule",
+    "partial_tape_keeps_local_layers_local",
+    "best_model_checkpoint_decides_job_wide_rank0_writes",
 ]
 
 
 @pytest.mark.parametrize("check", CHECKS)
-def test_process_sets_and_adasum(check, transport, tmp_path_factory):
+def test_horovod_feature(check, transport, tmp_path_factory):
     RUN.result(transport, tmp_path_factory).assert_check(check)
 
 
-def test_process_sets_reports_exactly_these_checks(transport, tmp_path_factory):
+def test_horovod_features_reports_exactly_these_checks(transport, tmp_path_factory):
     RUN.result(transport, tmp_path_factory).assert_reported_exactly(CHECKS)

@@ -1,0 +1,140 @@
+"""Layers kept local to each rank: Horovod's ``PartialDistributedGradientTape``.
+
+The gradients of the ``local_layers``' trainable variables are not reduced:
+each rank applies its own (by default divided by the number of ranks, as
+Horovod does, so that a rank's step on its local layer has the size of a
+share of the averaged step). Every other gradient goes out in the same
+buckets as :class:`~hvdkit.DistributedGradientTape`'s.
+
+Example (a per-rank head on a shared body)::
+
+    >>> with tf.GradientTape() as tape:
+    ...     loss = loss_fn(y, model(x, training=True))
+    >>> tape = hvdkit.PartialDistributedGradientTape(tape, local_layers=[model.layers[-1]])
+    >>> grads = tape.gradient(loss, model.trainable_variables)
+    >>> opt.apply(grads, model.trainable_variables)   # the head trains on this rank's data
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from . import process_sets, runtime
+from .errors import ConfigurationError
+from .optimizer import DistributedGradientTape, reduce_gradients
+
+__all__ = ["PartialDistributedGradientTape"]
+
+
+def _layers(local_layers) -> list:
+    """``local_layers`` as a list of Keras layers (``None``: none, one layer: that one)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    if isinstance(local_layers, (str, bytes)) or not hasattr(local_layers, "__iter__"):
+        bad = [local_layers]
+    else:
+        local_layers = list(local_layers)
+        bad = [x for x in local_layers if not isinstance(x, keras.layers.Layer)]
+    if bad:
+        raise ConfigurationError(
+            "PartialDistributedGradientTape: local_layers must be Keras layers; got "
+            f"{', '.join(type(x).__name__ for x in bad)}. Pass e.g. "
+            "local_layers=[model.layers[-1]]."
+        )
+    return local_layers
+
+
+class PartialDistributedGradientTape(DistributedGradientTape):
+    """A :class:`~hvdkit.DistributedGradientTape` that leaves some layers' gradients local.
+
+    Args:
+        tape: the ``tf.GradientTape`` that recorded the forward pass.
+        local_layers: a Keras layer or a list of them whose trainable
+            variables' gradients are not reduced (Horovod's argument).
+        scale_local_gradients: divide the local gradients by the number of
+            ranks that reduce (the job, or ``process_set``), as Horovod does
+            by default.
+        **kwargs: :class:`~hvdkit.DistributedGradientTape`'s arguments
+            (``op``, ``compression``, ``process_set``, ...).
+
+    Raises:
+        ConfigurationError: an entry of ``local_layers`` is not a Keras layer;
+            at ``gradient()``, a local layer none of whose variables is among
+            the sources (it is not part of the model being trained).
+    """
+
+    def __init__(
+        self,
+        tape: tf.GradientTape,
+        *,
+        local_layers=None,
+        scale_local_gradients: bool = True,
+        **kwargs,
+    ):
+        super().__init__(tape, **kwargs)
+        self._local_layers = _layers(local_layers)
+        self._local_sources: list = []  # register_local_source's variables
+        self.scale_local_gradients = scale_local_gradients
+
+    def register_local_source(self, source) -> None:
+        """Keep ``source``'s gradient local too (Horovod's method)."""
+        self._local_sources.append(source)
+
+    def _local_ids(self, sources: list) -> set[int]:
+        """Ids of the sources whose gradients stay local; checks every local layer is there."""
+        present = {id(s) for s in sources}
+        for layer in self._local_layers:
+            # read now, not at construction: a layer is built at its first call
+            ids = {id(v) for v in layer.trainable_variables}
+            if not ids & present:
+                raise ConfigurationError(
+                    f"PartialDistributedGradientTape: local layer {layer.name!r} has no "
+                    "trainable variable among the sources passed to gradient(); pass layers "
+                    "of the model being trained (e.g. model.layers[-1]), built by a first call."
+                )
+        local = {id(v) for layer in self._local_layers for v in layer.trainable_variables}
+        return local | {id(s) for s in self._local_sources}
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        """Like ``tf.GradientTape.gradient``; shared gradients reduced, local ones kept."""
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        flat, variables = tf.nest.flatten(grads), tf.nest.flatten(sources)
+        local = self._local_ids(variables)
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        reduced = reduce_gradients(
+            [flat[i] for i in shared],
+            variables=[variables[i] for i in shared],
+            **self._reduce_kwargs,
+        )
+        out = list(flat)
+        for i, g in zip(shared, reduced, strict=True):
+            out[i] = g
+        if self.scale_local_gradients:
+            n = self._reducing_ranks()
+            for i, v in enumerate(variables):
+                if id(v) in local and out[i] is not None and n > 1:
+                    out[i] = _divide(out[i], n)
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """``(local [(source, grad)], global [(source, grad)])`` (Horovod's method)."""
+        grads = self.gradient(target, sources, output_gradients)
+        variables = tf.nest.flatten(sources)
+        local = self._local_ids(variables)
+        pairs = list(zip(variables, tf.nest.flatten(grads), strict=True))
+        return [p for p in pairs if id(p[0]) in local], [p for p in pairs if id(p[0]) not in local]
+
+    def _reducing_ranks(self) -> int:
+        ps = process_sets.resolve(
+            self._reduce_kwargs["process_set"], "PartialDistributedGradientTape", member=False
+        )
+        return len(ps.ranks) if ps.process_set_id else runtime.size()
+
+
+def _divide(grad, n: int):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
