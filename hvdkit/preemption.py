@@ -253,8 +253,13 @@ def requeue_slurm_job() -> str:
     job = environments.parse_job_record(record)
     if job.get("Requeue") != "1":
         return f"job {slurm.job_id} was not submitted with --requeue; submit it again to resume"
-    if job.get("JobState") != "RUNNING":  # `scontrol requeue` from outside: Slurm is at it
-        return f"Slurm is requeueing job {slurm.job_id} ({job.get('JobState')})"
+    if job.get("JobState") != "RUNNING":
+        # Slurm ends the job itself: requeued (scontrol requeue, preemption) or cancelled
+        # (scancel) look the same here (COMPLETING), and a job cannot be requeued twice
+        return (
+            f"Slurm is ending job {slurm.job_id} ({job.get('JobState')}): if it requeues it, "
+            "it resumes from this step"
+        )
     if _scontrol("requeue", slurm.job_id) is None:
         return f"requeueing job {slurm.job_id} failed (see the warning); submit it again to resume"
     return f"requeued job {slurm.job_id}: it resumes from this step when it runs again"

@@ -68,17 +68,39 @@ def wait_for(predicate, what: str, timeout: float = 300.0):
         time.sleep(POLL_S)
 
 
-@pytest.mark.parametrize("transport", ["mpi", "gloo"])
-def test_sbatch_trains_to_the_demos_accuracy_across_two_nodes(cluster, transport):
-    # gloo: a cluster without PMIx (srun --mpi=none); hvdkit starts Horovod's rendezvous
-    env = {"SLURM_MPI_TYPE": "none"} if transport == "gloo" else {}
-    job, out = submit(cluster, f"train-{transport}", TRAIN, env=env)
+@pytest.fixture(scope="module")
+def training(cluster):
+    """The three ways to train, submitted together (Slurm runs them as nodes free up)."""
+    return {
+        # srun over MPI: the cluster's MpiDefault is pmix
+        "mpi": submit(cluster, "train-mpi", TRAIN),
+        # srun over Gloo: a cluster without PMIx; hvdkit starts Horovod's rendezvous
+        "gloo": submit(cluster, "train-gloo", TRAIN, env={"SLURM_MPI_TYPE": "none"}),
+        # hvdkitrun in a one-node allocation: its hosts and slots from Slurm, no -H
+        "hvdkitrun": submit(
+            cluster,
+            "train-hvdkitrun",
+            "-N1",
+            "--ntasks-per-node=2",
+            "--wrap",
+            "hvdkitrun python examples/train_digits.py",
+        ),
+    }
+
+
+@pytest.mark.parametrize("how", ["mpi", "gloo", "hvdkitrun"])
+def test_sbatch_trains_to_the_demos_accuracy(cluster, training, how):
+    job, out = training[how]
     info = cluster.wait(job)
     log = text(out)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
-    assert (info["NodeList"], info["NumNodes"]) == ("n[1-2]", "2")
     assert "training on 1437 digits with 2 process(es), 719 per process" in log
     assert DEMO_ACCURACY in log, log
+    if how == "hvdkitrun":
+        assert (info["NodeList"], info["NumNodes"]) == ("n1", "1")
+        assert "hvdkitrun: transport mpi (2 processes" in log
+    else:  # two nodes, one rank each
+        assert (info["NodeList"], info["NumNodes"]) == ("n[1-2]", "2")
 
 
 def fingerprint(log: str) -> tuple[str, str]:
@@ -145,7 +167,7 @@ def test_preempted_job_is_requeued_and_resumes_bit_identical(cluster, reference,
     assert stop, log
     step = stop.group(1)
     said = {
-        "scontrol": f"Slurm is requeueing job {job}",
+        "scontrol": f"Slurm is ending job {job} (COMPLETING): if it requeues it, it resumes",
         "scancel": f"requeued job {job}: it resumes from this step when it runs again",
     }[tag]
     assert stop.group(3).startswith(said), stop.group(3)
