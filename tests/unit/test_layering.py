@@ -1,0 +1,139 @@
+"""hvdkit's dependencies point one way (each layer imports only lower ones): a walk over
+every import statement.
+
+Layers, lowest first: ``errors``/``config``/``_progress``/``horovod_only`` (Horovod names
+refused on use) < ``_compat``/``_validate`` (the
+integer-argument rule)/``_graph_progress`` (in-graph progress markers)/``_op_names``
+(rank-stable Horovod names)/``_threads`` (thread priorities)/``_sockets`` (a
+process's TCP connections)/``_priority_trial`` (which priority trains faster) <
+``backends`` <
+``runtime`` < ``collectives``/``compression`` < everything built on them
+(``optimizer``, ``callbacks``, ``data``, ``ops``, ``sink``, ...). A module may
+import only from lower layers or from its own layer. ``launch`` stands beside
+the stack: it uses ``config``, ``errors``, ``_progress`` (the field names of
+what a rank waits in), ``_checkpoint_files`` (the checkpoint format, to name
+the resume step), ``_meeting`` (the files a worker and its rank share in an
+elastic job), ``_validate`` (what counts as an int) and ``_compat`` only, and never
+TensorFlow or Keras. Only ``backends/horovod.py`` uses Horovod's collectives.
+The package facade ``hvdkit/__init__.py`` may wire anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
+LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0}
+LAYERS |= {"environments": 0}  # Slurm's variables (hvdkit.environments), read by runtime and launch
+LAYERS |= {"_checkpoint_files": 1, "_compat": 1, "_validate": 1, "_graph_progress": 1}
+LAYERS |= {"_op_names": 1, "_meeting": 1, "_threads": 1, "_sockets": 1, "_priority_trial": 1}
+LAYERS |= {"backends": 2, "runtime": 3, "process_sets": 3}  # runtime, process sets: each other
+LAYERS |= {"collectives": 4, "compression": 4}
+TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
+LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "_checkpoint_files", "_meeting"}
+LAUNCH_MAY_USE |= {"_validate", "launch", "environments"}
+TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def unit(path: Path) -> str:
+    """The top-level unit a file belongs to: ``optimizer``, ``data``, ``launch``, ..."""
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return rel.parts[0]
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute module name)`` of every import statement, nested ones too."""
+    pkg = ["hvdkit", *path.relative_to(PACKAGE).parent.parts]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            if node.module is None or node.level and not node.module:
+                found += [(node.lineno, f"{prefix}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, prefix))
+    return found
+
+
+def hvdkit_unit(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "hvdkit" and len(parts) > 1 else None
+
+
+FILES = [p for p in modules() if p.name != "__init__.py" or p.parent != PACKAGE]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down_the_layers(path):
+    mine = unit(path)
+    wrong = []
+    for line, name in imports(path):
+        other = hvdkit_unit(name)
+        if other is None or other == mine:
+            continue
+        if mine == "launch":
+            if other not in LAUNCH_MAY_USE:
+                wrong.append(f"line {line}: launch imports {name}")
+        elif other == "launch":
+            wrong.append(f"line {line}: {mine} imports the launcher ({name})")
+        elif LAYERS.get(other, TOP) > LAYERS.get(mine, TOP):
+            wrong.append(
+                f"line {line}: {mine} (layer {LAYERS.get(mine, TOP)}) imports {name} "
+                f"(layer {LAYERS.get(other, TOP)})"
+            )
+    assert not wrong, f"{path.relative_to(PACKAGE)} imports upwards:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in modules() if unit(p) == "launch"],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_launcher_never_imports_tensorflow_or_keras(path):
+    bad = [(line, n) for line, n in imports(path) if n.startswith(TENSOR_LIBRARIES)]
+    assert not bad, f"{path.name} imports {bad}: hvdkitrun must start without TensorFlow"
+
+
+def test_only_the_horovod_backend_uses_horovods_collectives():
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in modules()
+        if any(n.startswith(("horovod.tensorflow", "horovod.keras")) for _, n in imports(p))
+    )
+    assert users == ["backends/horovod.py"], users
+
+
+def test_exactly_these_modules_import_horovod():
+    # backends/horovod.py's docstring and docs/porting-horovod.md name them and say why
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in modules()
+        if any(n == "horovod" or n.startswith("horovod.") for _, n in imports(p))
+    )
+    assert users == [
+        "_compat.py",
+        "backends/horovod.py",
+        "launch/guarded_horovodrun.py",
+        "launch/scheduler.py",
+    ], users
+
+
+def test_the_walk_sees_relative_and_nested_imports():
+    # the checker itself: it must resolve the forms hvdkit uses, or the tests above prove nothing
+    got = dict((n, line) for line, n in imports(PACKAGE / "data" / "sampler.py"))
+    assert "hvdkit.errors" in got and "hvdkit.data.sharding" in got, sorted(got)
+    facade = {n for _, n in imports(PACKAGE / "__init__.py")}
+    assert "hvdkit.launch.heartbeat" in facade  # nested inside init()
