@@ -177,3 +177,40 @@ def test_job_record_time_limits_and_requeue_advice():
         "the job's time limit (00:05:00) is not longer than hvdkit's preemption grace period "
         "(300 s, HVDKIT_PREEMPT_GRACE)"
     )
+
+
+def test_init_refuses_srun_tasks_that_did_not_form_one_job(monkeypatch):
+    # srun --mpi=pmix gave 4 tasks, but Horovod formed a job of 1 (as MPI does without PMIx)
+    from hvdkit import runtime
+    from hvdkit.backends.local import LocalBackend
+
+    for var in config.LAUNCHER_SIZE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for name, value in task(0, 0, 0, PMIX_RANK="0").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runtime, "create", lambda *args, **kwargs: LocalBackend())
+    with pytest.raises(ConfigurationError) as err:
+        runtime.init(pin_gpu=False)
+    assert str(err.value).startswith(
+        "srun started 4 tasks but Horovod formed a job of 1: the tasks did not find each other, "
+        "and each would train alone. For MPI, srun must give them PMIx ('#SBATCH --mpi=pmix'"
+    )
+    assert not runtime.is_initialized()
+
+
+def test_init_refuses_a_batch_script_of_several_tasks_without_srun(monkeypatch):
+    from hvdkit import runtime
+
+    for var in config.LAUNCHER_SIZE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for name, value in {**JOB, "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(
+        ConfigurationError, match=r"Slurm job 7, which has 4 tasks \(SLURM_NTASKS\)"
+    ):
+        runtime.init(pin_gpu=False)
+    assert not runtime.is_initialized()
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # one task: a job of size 1 is what was asked for
+    runtime.init(pin_gpu=False)
+    assert runtime.size() == 1
+    runtime.shutdown()
