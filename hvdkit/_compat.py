@@ -320,6 +320,24 @@ def use_horovodrun_rendezvous(factory) -> None:
     gloo_run.launch_gloo = launch_gloo
 
 
+# ``horovodrun --gloo`` relays each rank's output through
+# ``safe_shell_exec.prefix_connection``, which decodes strictly: the first byte
+# that is not UTF-8 kills its thread, the rank's pipe fills and the rank blocks
+# in ``write`` for ever (Horovod 0.28.1). ``relay(fd, dst, tag)`` replaces it.
+def use_robust_output_relay(relay) -> None:
+    """Make ``horovodrun --gloo`` in this process relay output with ``relay(fd, dst, tag)``."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    def prefix_connection(src, dst, prefix, index, with_timestamp=False):
+        tag = "" if index is None or prefix is None else f"[{index}]<{prefix}>:"
+        try:
+            relay(src.fileno(), dst, tag)
+        finally:
+            src.close()
+
+    safe_shell_exec.prefix_connection = prefix_connection
+
+
 # Before it starts a job, ``horovodrun`` checks that Horovod was built with the
 # transport asked for (``horovod.runner.launch.gloo_built`` / ``mpi_built``,
 # imported there from ``horovod.common.util``). Each check forks a child that

@@ -12,7 +12,10 @@ Runs Horovod's own ``horovodrun`` in this process, but
   the listed addresses and that one;
 * its check that Horovod was built with the transport does not import
   TensorFlow (:func:`hvdkit._compat.use_quick_build_checks`): about 1 s
-  instead of 7 s of CPU at every launch and restart.
+  instead of 7 s of CPU at every launch and restart;
+* its Gloo output relay is :func:`~hvdkit.launch.output.tag_pipe`, which
+  takes any bytes (Horovod's stops at the first byte that is not UTF-8 and
+  the rank then blocks on a full pipe).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 
 from .. import _compat
 from .guard import GuardedRendezvous
+from .output import tag_pipe
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +38,7 @@ def main(argv: list[str]) -> int:
 
     _compat.use_horovodrun_rendezvous(factory)
     _compat.use_quick_build_checks()
+    _compat.use_robust_output_relay(tag_pipe)
     from horovod.runner.launch import run_commandline
 
     sys.argv = ["horovodrun", *argv[2:]]

@@ -48,7 +48,10 @@ def program_env(env: dict[str, str]) -> dict[str, str]:
 def spawn(
     command: list[str], env: dict[str, str], parent_death: int = signal.SIGTERM
 ) -> subprocess.Popen:
-    """Start a supervised child: text pipes, its own session, dies with its parent.
+    """Start a supervised child: byte pipes, its own session, dies with its parent.
+
+    Byte pipes, unbuffered: :class:`~hvdkit.launch.output.RankOutput` decodes
+    them itself (a program may print anything) and sees each write at once.
 
     Its own session lets us stop it and everything it started as one group
     (and keeps the terminal's Ctrl-C for the supervisor to handle).
@@ -60,8 +63,7 @@ def spawn(
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
+        bufsize=0,
         start_new_session=True,
         preexec_fn=functools.partial(die_with_parent, parent_death),
     )

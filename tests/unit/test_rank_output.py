@@ -112,3 +112,138 @@ def test_every_rank_gets_exactly_its_lines_whatever_the_interleaving(tmp_path_fa
     for r, lines in printed.items():
         assert logs(tmp, r) == lines, (r, stream)
     assert list(out.launcher_lines) == []
+
+
+# --- the relay as a console (issue 35): bytes, long lines, carriage returns ---------
+
+
+class Chunks:
+    """A pipe that returns the given byte chunks, then its end."""
+
+    def __init__(self, chunks):
+        self.chunks = list(chunks)
+
+    def read1(self, _n):
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def test_bad_bytes_are_replaced_and_split_characters_joined(tmp_path, capsys):
+    e = "é".encode()
+    out = RankOutput(tmp_path)
+    chunks = [b"[1,0]<stdout>:a \xff b\n[1,0]<stdout>:x" + e[:1], e[1:] + b"y\n"]
+    out.pump(Chunks(chunks), "stdout").join()
+    out.close()
+    assert logs(tmp_path, 0) == ["a \ufffd b", "xéy"]
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] a \ufffd b", "[rank 0] xéy"]
+
+
+def test_a_tag_cut_between_two_reads_is_still_a_tag(tmp_path):
+    out = RankOutput(tmp_path)
+    out.pump(Chunks([b"[1,0]<stdout>:one\n[1,", b"1]<std", b"out>:two\n"]), "stdout").join()
+    out.close()
+    assert logs(tmp_path, 0) == ["one"] and logs(tmp_path, 1) == ["two"]
+    assert list(out.launcher_lines) == []
+
+
+def test_a_long_line_reaches_the_log_whole_and_the_console_in_pieces(tmp_path, capsys):
+    from hvdkit.launch.output import MAX_PIECE
+
+    n = 3 * MAX_PIECE + 5
+    out = RankOutput(tmp_path, prefix=False)
+    out.pump(Chunks([b"[0]<stdout>:" + b"L" * n + b"\n"]), "stdout").join()
+    out.close()
+    assert logs(tmp_path, 0) == ["L" * n]
+    console = capsys.readouterr().out.splitlines()
+    assert [len(c) for c in console] == [MAX_PIECE] * 3 + [5]
+
+
+def test_carriage_returns_update_the_console_line_in_place(tmp_path, capsys):
+    # Keras's Progbar on a POSIX system: backspaces over the old bar, \r, the new bar
+    out = RankOutput(tmp_path)
+    out.feed("[1,0]<stdout>:\r1/3 =\b\b\b\b\b\r2/3 ==", "stdout")
+    out.feed("[1,1]<stdout>:other\n", "stdout")  # another rank's line closes the update
+    out.feed("[1,0]<stdout>:\b\b\b\b\b\b\r3/3 ===\n", "stdout")
+    out.close()
+    assert logs(tmp_path, 0) == ["3/3 ==="] and logs(tmp_path, 1) == ["other"]
+    assert capsys.readouterr().out == (
+        "[rank 0] 1/3 =\r[rank 0] 2/3 ==\n[rank 1] other\n[rank 0] 3/3 ===\n"
+    )
+
+
+def test_a_bar_left_on_a_carriage_return_ends_as_its_last_update(tmp_path):
+    out = RankOutput(tmp_path)
+    out.feed("[0]<stdout>:50%\r[0]<stdout>:100%\r", "stdout")
+    out.feed("[0]<stdout>:\n", "stdout")
+    out.close()
+    assert logs(tmp_path, 0) == ["100%"]
+
+
+def test_an_error_inside_the_relay_is_reported_and_the_pipe_drained(tmp_path, capsys):
+    out = RankOutput(tmp_path)
+    calls = []
+
+    def broken(text):
+        calls.append(text)
+        raise RuntimeError("boom")
+
+    out.feed = lambda text, stream: broken(text)
+    out.pump(Chunks([b"a\n", b"b\n", b"c\n"]), "stdout").join()
+    assert calls == [b"a\n", b"b\n", b"c\n"]  # every chunk was read
+    err = capsys.readouterr().err
+    assert err.count("error relaying the ranks' stdout (RuntimeError: boom)") == 1
+
+
+def test_tag_pipe_tags_lines_and_updates_and_takes_any_bytes():
+    import os
+
+    from hvdkit.launch.output import tag_pipe
+
+    r, w = os.pipe()
+    os.write(w, b"a\rb\n\xffc")
+    os.close(w)
+    dst = io.StringIO()
+    tag_pipe(r, dst, "[0]<stdout>:")
+    os.close(r)
+    assert dst.getvalue() == "[0]<stdout>:a\r[0]<stdout>:b\n[0]<stdout>:\ufffdc"
+
+
+# Any bytes, cut anywhere: tag_pipe (the Gloo side) and RankOutput (hvdkitrun's side)
+# together put into the log exactly what a UTF-8 decoder with replacement reads,
+# with the text of each line as it stands after its last carriage return.
+any_text = st.lists(
+    st.one_of(st.binary(max_size=8), st.sampled_from([b"\n", b"\r", b"\r\n", "é━".encode()])),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_text, st.integers(1, 7))
+def test_any_bytes_cut_anywhere_arrive_as_a_decoder_reads_them(tmp_path_factory, parts, cut):
+    import os
+
+    from hvdkit.launch.output import tag_pipe
+
+    data = b"".join(parts)
+    r, w = os.pipe()
+    os.write(w, data)
+    os.close(w)
+    tagged = io.StringIO()
+    tag_pipe(r, tagged, "[0]<stdout>:")
+    os.close(r)
+    raw = tagged.getvalue().encode()
+    tmp = tmp_path_factory.mktemp("logs")
+    out = RankOutput(tmp)
+    out.pump(Chunks([raw[i : i + cut] for i in range(0, len(raw), cut)]), "stdout").join()
+    out.close()
+    text = data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+    *ended, unfinished = text.split("\n")
+    want = []
+    for line in [*ended, unfinished]:
+        updates = [u.replace("\b", "") for u in line.split("\r")]
+        shown = [u for u in updates if u]
+        want.append(updates[-1] or (shown[-1] if shown else ""))
+    if want[-1] == "":
+        want.pop()  # an unfinished line with nothing to show is not a line
+    path = tmp / "rank.0" / "stdout"
+    got = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []
+    assert got == want
