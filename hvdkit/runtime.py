@@ -90,7 +90,7 @@ def init(
     slurm = environments.SlurmEnvironment.detect()  # srun's tasks (over MPI with PMIx)
     if slurm is not None:
         slurm.check_worker_num()
-        launched = slurm.size
+        launched = slurm.size if slurm.size > 1 else None  # one task: the size-1 job
     if name is None:
         name = "horovod" if launched is not None else "local"
     if launched is None and backend != "local":

@@ -188,6 +188,7 @@ HVDKIT_WORKER_NUM=3 srun -o "$out/worker-num.%t" python {PROG}
 HVDKIT_SCHED_TIMEOUT=3 srun --mpi=none -o "$out/no-rendezvous.%t" bash -c \\
     'if [ "$SLURM_PROCID" = 0 ]; then sleep 8; else exec python {PROG}; fi'
 python {PROG} > "$out/no-srun.0" 2>&1
+srun -N1 -n1 --mpi=none -o "$out/one-task.%t" python {PROG}
 exit 0
 """
 
@@ -250,3 +251,4 @@ def test_bad_settings_say_which_sbatch_line_to_change(cluster):
     ), nosig_text
     assert "'#SBATCH --signal=TERM@60'" in nosig_text
     assert "rank 0 of 1" in nosig_text  # a warning: the job goes on
+    assert said("one-task").endswith("rank 0 of 1")  # one task without PMIx: the size-1 job
