@@ -10,6 +10,7 @@
 #   HVDKIT_MATRIX_TF="2.19.0 2.21.0" scripts/matrix.sh
 #   HVDKIT_MATRIX_CANARY=1 scripts/matrix.sh       # also the canary rows: keras-nightly on the
 #                                                  # newest TF, and tf-nightly-cpu with its Keras
+#   HVDKIT_MATRIX_CANARY=only scripts/matrix.sh    # the canary rows alone
 #   HVDKIT_MATRIX_TABLE=1 scripts/matrix.sh        # only print the table of recorded rows
 #
 # It tests the committed HEAD (exported to $ROOT/src-<commit>), not the working tree, so
@@ -109,9 +110,11 @@ PYEOF
 }
 
 if [[ -z "${HVDKIT_MATRIX_TABLE:-}" ]]; then
-    for tf in "${TF_VERSIONS[@]}"; do
-        run_row "tf$tf" "tensorflow-cpu==$tf"
-    done
+    if [[ "${HVDKIT_MATRIX_CANARY:-}" != only ]]; then
+        for tf in "${TF_VERSIONS[@]}"; do
+            run_row "tf$tf" "tensorflow-cpu==$tf"
+        done
+    fi
     if [[ -n "${HVDKIT_MATRIX_CANARY:-}" ]]; then
         run_row "tf${TF_VERSIONS[-1]}-keras-nightly" "tensorflow-cpu==${TF_VERSIONS[-1]}" keras-nightly
         run_row "tf-nightly" "tf-nightly-cpu"
