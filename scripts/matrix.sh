@@ -64,7 +64,8 @@ run_row() {
         fi
     fi
     if $installed && [[ -n "$keras_pkg" ]]; then
-        # keras-nightly ships the same `keras` package: swap it in after hvdkit
+        # keras-nightly ships the same `keras` package: swap it in after hvdkit (whose
+        # keras requirement brought `keras` next to tf-nightly's keras-nightly)
         if ! "${pip[@]}" "$keras_pkg" >>"$log" 2>&1; then
             note="$keras_pkg is not in the registry (pip: no matching distribution)"; installed=false
         else
@@ -117,7 +118,7 @@ if [[ -z "${HVDKIT_MATRIX_TABLE:-}" ]]; then
     fi
     if [[ -n "${HVDKIT_MATRIX_CANARY:-}" ]]; then
         run_row "tf${TF_VERSIONS[-1]}-keras-nightly" "tensorflow-cpu==${TF_VERSIONS[-1]}" keras-nightly
-        run_row "tf-nightly" "tf-nightly-cpu"
+        run_row "tf-nightly" "tf-nightly-cpu" keras-nightly  # its own Keras, kept over [test]'s
     fi
 fi
 
