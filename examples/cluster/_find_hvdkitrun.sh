@@ -12,9 +12,16 @@ if [[ -z "${HVDKITRUN:-}" ]]; then
     fi
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# The Python hvdkitrun runs with (its #! line).
+hvdkit_python() {
+    local py
+    py="$(head -1 "$HVDKITRUN" | sed -n 's/^#![[:space:]]*//p')"
+    ${py:-python3} "$@"
+}
 if [[ $(id -u) -eq 0 ]]; then
-    # Open MPI refuses to start as root without these.
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # Open MPI refuses to start as root without its two variables; their one home
+    # is hvdkit/launch/transport.py (MPI_AS_ROOT_ENV).
+    eval "$(hvdkit_python -m hvdkit.launch.transport --root-env)"
 fi
 # "python train.py" in the workers' command means the Python hvdkitrun belongs to.
 PATH="$(dirname "$HVDKITRUN"):$PATH"
@@ -22,7 +29,5 @@ export PATH
 # The scheduler's default port lives in hvdkit.config (one home); ask the Python
 # hvdkitrun runs with (its #! line) only when no port is set.
 default_sched_port() {
-    local py
-    py="$(head -1 "$HVDKITRUN" | sed -n 's/^#![[:space:]]*//p')"
-    ${py:-python3} -c 'from hvdkit.config import DEFAULT_SCHED_PORT; print(DEFAULT_SCHED_PORT)'
+    hvdkit_python -c 'from hvdkit.config import DEFAULT_SCHED_PORT; print(DEFAULT_SCHED_PORT)'
 }

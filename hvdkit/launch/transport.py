@@ -45,8 +45,18 @@ MPI_AS_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 
 def mpi_root_env() -> dict[str, str]:
-    """:data:`MPI_AS_ROOT_ENV` when this process runs as root, else nothing."""
+    """:data:`MPI_AS_ROOT_ENV` when this process runs as root, else nothing.
+
+    The shell scripts (``scripts/_env.sh``, ``examples/cluster/_find_hvdkitrun.sh``)
+    take the same variables from ``python -m hvdkit.launch.transport --root-env``.
+    """
     return dict(MPI_AS_ROOT_ENV) if os.geteuid() == 0 else {}
+
+
+def root_env_exports() -> str:
+    """:func:`mpi_root_env` as one shell ``export`` line, or ``""`` when not root."""
+    env = mpi_root_env()
+    return "export " + " ".join(f"{k}={v}" for k, v in env.items()) if env else ""
 
 
 # Cores' worth of other load tolerated before MPI's busy-polling is avoided: an
@@ -184,3 +194,11 @@ def busy_cores(
     if second is None or second[1] <= first[1]:
         return None
     return cores * (second[0] - first[0]) / (second[1] - first[1])
+
+
+if __name__ == "__main__":  # the shell scripts' one way to the variables above
+    import sys
+
+    if sys.argv[1:] != ["--root-env"]:
+        sys.exit("usage: python -m hvdkit.launch.transport --root-env")
+    print(root_env_exports())

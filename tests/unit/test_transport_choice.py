@@ -134,3 +134,16 @@ def test_busy_cores_edges(cores, reads, expected):
 def test_busy_cores_reads_this_machine():
     got = busy_cores(os.cpu_count(), 0.05)
     assert got is not None and 0.0 <= got <= os.cpu_count()
+
+
+def test_root_env_exports_is_the_shell_form_of_mpi_root_env(monkeypatch):
+    """scripts/_env.sh and examples/cluster/_find_hvdkitrun.sh eval this line."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    line = transport.root_env_exports()
+    assert line == "export " + " ".join(f"{k}={v}" for k, v in transport.MPI_AS_ROOT_ENV.items())
+    assert set(transport.MPI_AS_ROOT_ENV) == {
+        "OMPI_ALLOW_RUN_AS_ROOT",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+    }
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert transport.root_env_exports() == ""
