@@ -35,12 +35,6 @@ from . import _compat, config
 from ._validate import is_int
 from .errors import ConfigurationError
 
-# Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
-# hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave
-# steps within each other's noise, 16 MiB and a single bucket clearly slower. 4 MiB
-# keeps models with less than 4 MiB of gradients on one allreduce, as before buckets.
-DEFAULT_BUCKET_BYTES = 4 << 20
-
 
 def by_bytes(nbytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
     """Buckets of positions, last gradient first, each closed at ``bucket_bytes``.
@@ -75,7 +69,7 @@ def check_bucket_bytes(value: Any, what: str) -> int | None:
     raise ConfigurationError(
         f"{what}: bucket_bytes={value!r} is not a size; give an int >= 0 (bytes per "
         f"gradient bucket; 0 = one allreduce per gradient), or None for the default "
-        f"({DEFAULT_BUCKET_BYTES} bytes)."
+        f"({config.DEFAULT_BUCKET_BYTES} bytes)."
     )
 
 
@@ -161,12 +155,15 @@ def _ref(variable: Any) -> int:
 
 
 def resolve_bucket_bytes(value: Any, what: str) -> int:
-    """``value`` checked, else ``HVDKIT_BUCKET_BYTES``, else :data:`DEFAULT_BUCKET_BYTES`."""
+    """``value`` checked, else ``HVDKIT_BUCKET_BYTES``, else ``config.DEFAULT_BUCKET_BYTES``."""
     value = check_bucket_bytes(value, what)
     if value is not None:
         return value
-    raw = config.get(config.BUCKET_BYTES)
-    if raw is None:
-        return DEFAULT_BUCKET_BYTES
-    parsed = int(raw) if raw.strip().isdigit() else raw
-    return check_bucket_bytes(parsed, f"{config.BUCKET_BYTES}={raw!r}")
+    return config.get_int(
+        config.BUCKET_BYTES,
+        config.DEFAULT_BUCKET_BYTES,
+        minimum=0,
+        what="a size in bytes (an int >= 0)",
+        fix="bytes per gradient bucket, 0 = one allreduce per gradient; unset it for the "
+        f"default ({config.DEFAULT_BUCKET_BYTES} bytes).",
+    )

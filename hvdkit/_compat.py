@@ -9,7 +9,14 @@ with these exceptions, each for a reason stated where it is:
   batch statistics over the ranks;
 * ``hvdkit/optimizer.py`` calls ``LossScaleOptimizer``'s private members
   from the function :func:`route_loss_scale_apply` installs (at
-  :func:`hvdkit.init`; the list of members is ``_LSO_PRIVATE`` here).
+  :func:`hvdkit.init`; the list of members is ``_LSO_PRIVATE`` here);
+* ``hvdkit/_job_metrics.py`` replaces Keras's private
+  ``Trainer._get_metrics_result_or_logs`` on each model it installs on (the
+  one place ``fit``/``evaluate`` make their logs), so every callback sees the
+  job's metrics;
+* ``hvdkit/callbacks.py`` patches ``keras.callbacks.BackupAndRestore.on_train_begin``
+  for the whole process at :func:`hvdkit.init` (a public method, replaced on
+  Keras's class), so that callback refuses a job of more than one rank.
 TensorFlow and Keras are imported inside the functions that need them, so the
 launcher (which needs neither) can use the Horovod launch quirks cheaply.
 """

@@ -2,8 +2,15 @@
 
 Their names, defaults and the one typed reader (:func:`get_int`,
 :func:`get_float`, :func:`get_bool`). Explicit function arguments always
-win; these are consulted only when an argument is left as ``None``. Only
-the launcher (:mod:`hvdkit.launch`) writes environment variables.
+win; these are consulted only when an argument is left as ``None``.
+
+Who writes environment variables: the launcher (:mod:`hvdkit.launch`) for
+the processes it starts, and, inside a rank, three places: under ``srun``
+over Gloo, ``launch/slurm`` sets Horovod's Gloo variables before Horovod
+starts; in an elastic job, ``_meeting.take`` makes the scheduler's next
+assignment (Horovod's settings and :data:`RESTART_COUNT`) this process's;
+``runtime`` removes :data:`ELASTIC_JOIN` once the rank has joined. Nothing
+else in ``hvdkit/`` changes ``os.environ``.
 
 Other programs' variables live with the one function that speaks that
 program's contract: Horovod's Gloo launch contract in
@@ -35,12 +42,18 @@ BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launche
 INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds, used by hvdkitrun
 LOG_DIR = "HVDKIT_LOG_DIR"
+DEFAULT_STALL_TIMEOUT_S = 120.0
 MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat receiver
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (default 0)
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
+# Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
+# hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave
+# steps within each other's noise, 16 MiB and a single bucket clearly slower. 4 MiB
+# keeps models with less than 4 MiB of gradients on one allreduce, as before buckets.
+DEFAULT_BUCKET_BYTES = 4 << 20
 CACHE_DIR = "HVDKIT_CACHE_DIR"  # built Horovod wheels (default ~/.cache/hvdkit)
 COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
 DEFAULT_SCHED_TIMEOUT_S = 300.0
@@ -63,6 +76,7 @@ MIN_WORKERS = "HVDKIT_MIN_WORKERS"  # continue a restarted job on this many (def
 REPLACE_TIMEOUT = "HVDKIT_REPLACE_TIMEOUT"  # seconds to wait for replacement workers
 DEFAULT_PREEMPT_GRACE_S = 25.0  # Kubernetes waits 30 s after SIGTERM by default
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped for SIGTERM with a checkpoint; run again
+DEFAULT_REPLACE_TIMEOUT_S = 10.0
 DEFAULT_SCHED_PORT = 29500  # the scheduler's TCP port when none is set
 MINDSPORE_ALIASES = {
     ROLE: "MS_ROLE",
@@ -202,22 +216,16 @@ def launched_size() -> int | None:
             integer >= 1. Falling back to a job of size 1 would make every rank
             train alone, silently.
     """
-    from .errors import ConfigurationError
-
     for var in LAUNCHER_SIZE_VARS:
-        value = os.environ.get(var)
-        if value:
-            try:
-                size = int(value)
-            except ValueError:
-                size = 0
-            if size < 1:
-                raise ConfigurationError(
-                    f"{var}={value!r} is not a world size (an integer >= 1). It is set by "
-                    "the launcher (hvdkitrun, horovodrun, mpirun); start the job with one, "
-                    f"or unset {var} to run as a single process."
-                )
-            return size
+        if os.environ.get(var):
+            return get_int(
+                var,
+                None,
+                minimum=1,
+                what="a world size (an integer >= 1)",
+                fix="it is set by the launcher (hvdkitrun, horovodrun, mpirun); start the job "
+                f"with one, or unset {var} to run as a single process.",
+            )
     return None
 
 

@@ -120,7 +120,7 @@ def reduce_gradients(
         bucket_bytes: bytes per bucket; ``0`` = one allreduce per gradient (as
             Horovod without ``groups``); a size larger than all gradients = a
             single allreduce. ``None`` reads ``HVDKIT_BUCKET_BYTES``, else
-            ``hvdkit._buckets.DEFAULT_BUCKET_BYTES`` (4 MiB).
+            ``hvdkit.config.DEFAULT_BUCKET_BYTES`` (4 MiB).
         groups, num_groups: Horovod's explicit grouping instead of
             ``bucket_bytes``: an int splits the gradients into that many
             allreduces, lists of variables are reduced together.

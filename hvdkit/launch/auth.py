@@ -44,6 +44,9 @@ import struct
 import threading
 import time
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from .. import config
 
 # For _depth: all linear (no pattern backtracks over more than one string).
 _ESCAPES = re.compile(r"\\.", re.S)
@@ -142,6 +145,38 @@ def derive_key(token: str, purpose: str) -> bytes:
     if not token:
         raise AuthError("empty job token")
     return hmac.new(token.encode(), f"hvdkit-{purpose}".encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class ChannelKeys:
+    """One side's keys of a scheduler/worker channel, all derived from the job token.
+
+    ``register``: the worker's answer to the challenge (the same on both sides);
+    ``send`` / ``receive``: this side's direction keys after admission.
+    """
+
+    register: bytes
+    send: bytes
+    receive: bytes
+
+
+def channel_keys(token: str, side: str) -> ChannelKeys:
+    """The keys ``side`` (``config.SCHEDULER`` or ``config.WORKER``) uses on its channel.
+
+    Example:
+        >>> s, w = channel_keys("t0k", "scheduler"), channel_keys("t0k", "worker")
+        >>> (s.send == w.receive, s.receive == w.send, s.register == w.register)
+        (True, True, True)
+    """
+    to_worker = derive_key(token, SCHEDULER_TO_WORKER)
+    to_scheduler = derive_key(token, WORKER_TO_SCHEDULER)
+    if side == config.SCHEDULER:
+        send, receive = to_worker, to_scheduler
+    elif side == config.WORKER:
+        send, receive = to_scheduler, to_worker
+    else:
+        raise ValueError(f"side={side!r} is neither {config.SCHEDULER!r} nor {config.WORKER!r}")
+    return ChannelKeys(derive_key(token, REGISTER), send, receive)
 
 
 def new_nonce() -> str:

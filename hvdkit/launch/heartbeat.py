@@ -31,7 +31,6 @@ log = logging.getLogger("hvdkit.heartbeat")
 
 INTERVAL_S = 1.0
 STUCK_GRACE_S = 5 * INTERVAL_S  # see stuck_report
-DEFAULT_STALL_TIMEOUT_S = 120.0
 STUCK = "ranks stuck in different collectives"  # how stuck_report's report begins
 
 
@@ -43,7 +42,7 @@ def stall_timeout(value: float | None = None) -> float:
     if value is None:
         value = config.get_float(
             config.STALL_TIMEOUT,
-            DEFAULT_STALL_TIMEOUT_S,
+            config.DEFAULT_STALL_TIMEOUT_S,
             what="a number of seconds",
             error=LaunchError,
         )

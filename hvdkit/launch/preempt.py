@@ -20,6 +20,7 @@ from collections.abc import Callable
 import psutil
 
 from .. import _progress, config
+from .._validate import is_int
 
 
 class SigtermForwarding:
@@ -115,6 +116,6 @@ def preempted_step(monitor) -> int | None:
     steps = []
     for status in list(monitor.ranks.values()):
         value = status.info.get(_progress.PREEMPTED)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if is_int(value) and value >= 0:
             steps.append(value)
     return min(steps) if steps else None

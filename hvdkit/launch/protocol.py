@@ -28,6 +28,7 @@ import threading
 import time
 from typing import NoReturn
 
+from .. import config
 from . import auth
 
 log = logging.getLogger("hvdkit.protocol")
@@ -312,7 +313,8 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
         if "token" in msg:  # hvdkit before the challenge sent the token itself
             _refuse(ch, BAD_TOKEN, "this worker's hvdkit sends it in clear: update it")
         _refuse(ch, BAD_TOKEN, "no proof of it")
-    if not auth.verify(auth.derive_key(token, auth.REGISTER), given, nonce, text):
+    keys = auth.channel_keys(token, config.SCHEDULER)
+    if not auth.verify(keys.register, given, nonce, text):
         _refuse(ch, BAD_TOKEN)
     try:
         hello = auth.parse_body(text)
@@ -321,11 +323,7 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
     if hello.get("type") != "register" or not auth.is_nonce(hello.get("nonce")):
         _refuse(ch, NOT_REGISTRATION)
     ch.max_line = MAX_LINE
-    ch.secure(
-        auth.derive_key(token, auth.SCHEDULER_TO_WORKER),
-        auth.derive_key(token, auth.WORKER_TO_SCHEDULER),
-        nonce + hello["nonce"],
-    )
+    ch.secure(keys.send, keys.receive, nonce + hello["nonce"])
     return ch, hello
 
 
@@ -361,12 +359,9 @@ def register(ch: Channel, token: str, deadline: float, **fields) -> None:
         raise Refused(f"unexpected first message {str(msg)[:200]} (not an hvdkit scheduler?)")
     mine = auth.new_nonce()
     body = {"type": "register", "nonce": mine, **fields}
-    ch.send_raw(auth.seal(auth.derive_key(token, auth.REGISTER), body, msg["nonce"]))
-    ch.secure(
-        auth.derive_key(token, auth.WORKER_TO_SCHEDULER),
-        auth.derive_key(token, auth.SCHEDULER_TO_WORKER),
-        msg["nonce"] + mine,
-    )
+    keys = auth.channel_keys(token, config.WORKER)
+    ch.send_raw(auth.seal(keys.register, body, msg["nonce"]))
+    ch.secure(keys.send, keys.receive, msg["nonce"] + mine)
 
 
 class Admission:

@@ -48,11 +48,11 @@ def _elastic_setting() -> bool:
 
 
 def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> int:
-    from .scheduler import DEFAULT_REPLACE_TIMEOUT_S, Scheduler
+    from .scheduler import Scheduler
 
     worker_num = _int_setting(config.WORKER_NUM, None)
     min_workers = _int_setting(config.MIN_WORKERS, worker_num)
-    replace_timeout = _float_setting(config.REPLACE_TIMEOUT, DEFAULT_REPLACE_TIMEOUT_S)
+    replace_timeout = _float_setting(config.REPLACE_TIMEOUT, config.DEFAULT_REPLACE_TIMEOUT_S)
     restarts = max_restarts()
     token_file = config.get(config.TOKEN_FILE)
     if token is None:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from .. import config
+from .._validate import is_int
 from ..errors import LaunchError
 from . import protocol
 from .failures import root_cause
@@ -43,7 +44,6 @@ log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
 SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
 ABORT_WAIT_S = 30.0
-DEFAULT_REPLACE_TIMEOUT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -142,7 +142,7 @@ class Scheduler:
         *,
         max_restarts: int = 0,
         min_workers: int | None = None,
-        replace_timeout_s: float = DEFAULT_REPLACE_TIMEOUT_S,
+        replace_timeout_s: float = config.DEFAULT_REPLACE_TIMEOUT_S,
         elastic: bool = False,
     ):
         if worker_num < 1:
@@ -762,10 +762,7 @@ class Scheduler:
                 self.events.put((reg, *_exit_report(msg)))
             elif msg.get("type") in (READY, FINISHED) and isinstance(msg.get("round"), int):
                 self.events.put((reg, msg["round"], msg["type"], "", []))
-            elif msg.get("type") == RESUMED and all(
-                isinstance(msg.get(k), int) and not isinstance(msg.get(k), bool)
-                for k in ("round", "step")
-            ):
+            elif msg.get("type") == RESUMED and all(is_int(msg.get(k)) for k in ("round", "step")):
                 self.events.put((reg, msg["round"], RESUMED, str(msg["step"]), []))
             elif msg.get("type") == "state":
                 self._record_doings(msg)

@@ -647,11 +647,23 @@ def test_rendezvous_bounds_slow_and_many_connections(guarded, monkeypatch):
 def _secured_pair() -> tuple[protocol.Channel, protocol.Channel]:
     a, b = socket.socketpair()
     one, two = protocol.Channel(a), protocol.Channel(b)
-    k1 = auth.derive_key(TOKEN, auth.SCHEDULER_TO_WORKER)
-    k2 = auth.derive_key(TOKEN, auth.WORKER_TO_SCHEDULER)
-    one.secure(k1, k2, "session")
-    two.secure(k2, k1, "session")
+    s, w = auth.channel_keys(TOKEN, "scheduler"), auth.channel_keys(TOKEN, "worker")
+    one.secure(s.send, s.receive, "session")
+    two.secure(w.send, w.receive, "session")
     return one, two
+
+
+def test_channel_keys_mirror_each_other_and_come_from_the_token():
+    """One derivation for both sides: what one side sends under, the other receives under."""
+    s, w = auth.channel_keys(TOKEN, "scheduler"), auth.channel_keys(TOKEN, "worker")
+    assert (s.send, s.receive) == (w.receive, w.send)
+    assert s.register == w.register == auth.derive_key(TOKEN, auth.REGISTER)
+    assert s.send == auth.derive_key(TOKEN, auth.SCHEDULER_TO_WORKER)
+    assert s.receive == auth.derive_key(TOKEN, auth.WORKER_TO_SCHEDULER)
+    assert len({s.register, s.send, s.receive}) == 3
+    assert auth.channel_keys(WRONG, "worker").send != w.send
+    with pytest.raises(ValueError, match="side='server'"):
+        auth.channel_keys(TOKEN, "server")
 
 
 def test_keep_alives_are_skipped_and_a_silent_peer_ends_the_wait():

@@ -98,10 +98,13 @@ def test_horovod_grouping_arguments_are_accepted(local_runtime):
 
 def test_bucket_bytes_from_the_environment(monkeypatch):
     monkeypatch.delenv(config.BUCKET_BYTES, raising=False)
-    assert _buckets.resolve_bucket_bytes(None, "x") == _buckets.DEFAULT_BUCKET_BYTES
+    assert _buckets.resolve_bucket_bytes(None, "x") == config.DEFAULT_BUCKET_BYTES
     monkeypatch.setenv(config.BUCKET_BYTES, "1024")
     assert _buckets.resolve_bucket_bytes(None, "x") == 1024
     assert _buckets.resolve_bucket_bytes(0, "x") == 0  # the argument wins
     monkeypatch.setenv(config.BUCKET_BYTES, "4M")
     with pytest.raises(hvdkit.ConfigurationError, match="HVDKIT_BUCKET_BYTES='4M'"):
+        _buckets.resolve_bucket_bytes(None, "x")
+    monkeypatch.setenv(config.BUCKET_BYTES, "-1")
+    with pytest.raises(hvdkit.ConfigurationError, match="HVDKIT_BUCKET_BYTES='-1' is not a size"):
         _buckets.resolve_bucket_bytes(None, "x")
