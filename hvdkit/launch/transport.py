@@ -1,25 +1,10 @@
 """Which transport ``hvdkitrun`` uses when neither ``--gloo`` nor ``--mpi`` is given.
 
-The rule and the measurements behind it are in docs/performance.md; in short:
-
-- Open MPI's ``mpirun`` installed and MPI's ranks yielding while they wait
-  (hvdkitrun gives every MPI job :data:`MPI_ENV` unless the environment sets
-  it): **MPI**, on one machine or several. Yielding ranks were measured
-  faster than Gloo on an idle 2-core machine, with 4 processes on its 2
-  cores, and with 2 other busy processes on them; between simulated hosts
-  MPI was faster in most gradient sizes and link speeds, and several times
-  faster with fp16 compression on fast links. Across machines it needs what
-  ``horovodrun --mpi`` needs: password-less ssh (as Gloo across machines does)
-  and Open MPI at the same path on every host; ``--gloo`` otherwise.
-- Ranks that spin while waiting (Open MPI's default, kept when you set
-  ``OMPI_MCA_mpi_yield_when_idle=0``): MPI only where each host has a free core
-  for each of its processes and this machine, if it runs some, is not busy
-  (processes + the cores busy over half a second as the job starts,
-  :func:`busy_cores`, at most cores + 1); **Gloo** otherwise. Spinning ranks
-  on an oversubscribed CPU spin through the time slices of the peer they wait
-  for: allreduces over MPI (even Open MPI's own) were measured 10-1000x slower
-  than on a quiet machine, while Gloo's blocking sockets degrade gracefully.
-- no ``mpirun``: **Gloo**, the only one that can run.
+The rule is described once, with the measurements behind it, in
+docs/performance.md ("The default transport"); :func:`choose_transport` is its
+code (its docstring gives the inputs and examples), :data:`MPI_ENV` the
+setting that makes MPI's ranks yield, :func:`busy_cores` the measure of other
+work on this machine.
 
 Pure logic (no processes, no TensorFlow), so tests/unit checks it directly.
 """
@@ -75,11 +60,9 @@ def choose_transport(
 ) -> str:
     """The default transport for a job laid out as ``hosts``.
 
-    With ``ranks_yield`` (hvdkitrun's MPI jobs, :data:`MPI_ENV`) MPI whenever
-    ``mpirun`` exists: yielding MPI ranks were measured faster than Gloo also
-    with more processes than cores and on a busy machine. Ranks that spin
-    (Open MPI's default, e.g. ``OMPI_MCA_mpi_yield_when_idle=0``) get MPI only
-    where every host has a free core for each of its processes.
+    The rule of docs/performance.md ("The default transport"), in code; a
+    busy machine means more than ``cores`` + :data:`BUSY_SLACK` of this job's
+    processes here and ``load``.
 
     Args:
         hosts: ``(host, processes on it)`` pairs, as ``cli.plan`` returns them,
