@@ -32,6 +32,9 @@ window but in the benchmark's length. Fit and sink variants are timed
 between two batch (sink) ends inside one call, the loops between two host
 syncs.
 
+Also the once-per-job cost of hvdkit's check that the ranks start from equal
+weights (hvdkit._same_start) on this model, timed apart from the steps.
+
 Also one plain ``horovodrun`` job per transport runs horovod_loop without
 hvdkit imported: its ratio to the hvdkit job's horovod_loop is the cost of
 hvdkit's process (its heartbeat thread), measured across jobs, so noisier.
@@ -60,6 +63,9 @@ KERAS_KINDS = ("keras_horovod", "hvdkit_fit", "sink_train")
 
 
 # ----------------------------------------------------------------- worker side
+SAME_START_KEY = "_same_start_check"  # not a variant: seconds of one check, 5 times
+
+
 def worker(plain: bool, steps: int, rounds: int, out: str) -> None:
     import horovod.tensorflow as hvd
     import keras
@@ -151,6 +157,16 @@ def worker(plain: bool, steps: int, rounds: int, out: str) -> None:
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
             seconds[name].append(variants[name]())
+    if not plain:  # the once-per-job cost of hvdkit's same-start check (not per step)
+        from hvdkit import _same_start
+
+        model = build_model(keras)
+        seconds[SAME_START_KEY] = []
+        for i in range(5):
+            sync()
+            t0 = time.perf_counter()
+            _same_start._differing(model.trainable_variables, None, f"same_start_{i}").numpy()
+            seconds[SAME_START_KEY].append(time.perf_counter() - t0)
     if rank == 0:
         Path(out).write_text(json.dumps(seconds))
 
@@ -247,6 +263,7 @@ def main() -> None:
     for transport in args.transports.split(","):
         plain_before = launch(transport, True, args, tmp)["horovod_loop"]
         seconds = launch(transport, False, args, tmp)
+        check_s = seconds.pop(SAME_START_KEY)
         plain_after = launch(transport, True, args, tmp)["horovod_loop"]
         plain = statistics.median(plain_before + plain_after)
         results[transport] = {
@@ -254,6 +271,7 @@ def main() -> None:
             "seconds": seconds,
             "plain_horovod_ms_per_step": 1000 * plain,
             "hvdkit_process_ratio": plain / statistics.median(seconds["horovod_loop"]),
+            "same_start_check_ms_once": 1000 * statistics.median(check_s),
         }
         print(f"\n{transport}: ratio to horovod_loop in the same round (> 1 is faster)")
         print(f"{'variant':22s} {'ms/step':>8s} {'median':>7s} {'min':>6s} {'max':>6s}")
@@ -266,6 +284,10 @@ def main() -> None:
             f"horovod_loop without hvdkit (plain horovodrun jobs before and after): "
             f"{1000 * plain:.2f} ms/step; in hvdkit's job the same loop ran at "
             f"{results[transport]['hvdkit_process_ratio']:.3f}x that speed (across jobs)"
+        )
+        print(
+            f"same-start check (once per job, at the first reduction; median of 5): "
+            f"{results[transport]['same_start_check_ms_once']:.2f} ms"
         )
     config = {"batch_per_process": BATCH, "image": IMAGE, "steps": args.steps}
     config |= {"rounds": args.rounds, "sizes": SIZES}

@@ -87,6 +87,7 @@ _EXPORTS = {
     "Compression": "compression",
     "SyncBatchNormalization": "sync_batch_norm",
     "load_model": "saving",
+    "save_model": "saving",
     "callbacks": "callbacks",
     "Checkpointer": "checkpoint",
     # data, patch ops, sink mode
@@ -268,5 +269,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         shutdown,
         size,
     )
-    from .saving import load_model
+    from .saving import load_model, save_model
     from .sync_batch_norm import SyncBatchNormalization

@@ -34,6 +34,9 @@ def _model_optimizer_variables(model) -> list:
     return variables
 
 
+_SAID_LATE_BROADCAST = False  # the late-broadcast warning was given (rank 0, once a process)
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Copy model weights *and* optimizer state from ``root_rank`` to all ranks.
 
@@ -69,11 +72,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
-            logger.warning(
-                "hvdkit: the model was not built before training, so weights were "
-                "broadcast after the first batch; give the model an Input shape to "
-                "start identical from step one."
-            )
+            global _SAID_LATE_BROADCAST
+            if runtime.rank() == 0 and not _SAID_LATE_BROADCAST:  # once per job, not per rank
+                _SAID_LATE_BROADCAST = True
+                logger.warning(
+                    "hvdkit: the model was not built before training, so weights were "
+                    "broadcast after the first batch; give the model an Input shape to "
+                    "start identical from step one."
+                )
             self._broadcast()
 
 
@@ -338,12 +344,15 @@ _DECIDING = (
 class RankZeroOnly(keras.callbacks.Callback):
     """Run the wrapped callback on rank 0 only (checkpoints, TensorBoard, CSV logs).
 
-    On other ranks the callback is never called, not even ``set_model`` (where
-    ``TensorBoard`` already writes its graph). Callbacks that change the
-    training (``EarlyStopping``, ``ReduceLROnPlateau``, ``LearningRateScheduler``,
-    ``TerminateOnNaN``, ``BackupAndRestore``, ``SwapEMAWeights``, hvdkit's own)
-    are refused: they must run on every rank, and ``MetricAverageCallback``
-    makes them decide alike.
+    Put it in the callbacks of *every* rank. On other ranks the callback is
+    never called, not even ``set_model`` (where ``TensorBoard`` already writes
+    its graph). At the end of ``fit`` all ranks wait for rank 0's callback to
+    finish, so a file it wrote can be loaded on every rank right after ``fit``.
+    Callbacks that change the training (``EarlyStopping``,
+    ``ReduceLROnPlateau``, ``LearningRateScheduler``, ``TerminateOnNaN``,
+    ``BackupAndRestore``, ``SwapEMAWeights``, hvdkit's own) are refused: they
+    must run on every rank, and ``MetricAverageCallback`` makes them decide
+    alike.
 
     Example:
         >>> ckpt = hvdkit.callbacks.RankZeroOnly(keras.callbacks.ModelCheckpoint("m.keras"))
@@ -389,6 +398,9 @@ class RankZeroOnly(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._forward("on_train_end", logs)
+        # fit returns on no rank before rank 0's callback has written its last file, so
+        # that every rank can load what it saved (a ModelCheckpoint) right after fit
+        runtime.barrier()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._forward("on_epoch_begin", epoch, logs)

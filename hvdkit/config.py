@@ -48,6 +48,7 @@ MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (defa
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
+SAME_START = "HVDKIT_SAME_START"  # ranks holding different weights at the start: error|warn|off
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 # Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
 # hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave
@@ -262,6 +263,30 @@ def preempt_grace() -> float:
 
 
 COMM_PRIORITY_VALUES = ("0", "1", "auto")
+
+
+SAME_START_VALUES = ("error", "warn", "off")
+
+
+def same_start() -> str:
+    """``HVDKIT_SAME_START``: what the first gradient reduction does when ranks' weights differ.
+
+    ``"error"`` (the default) raises, ``"warn"`` logs a warning on every rank
+    and trains on, ``"off"`` skips the check (:mod:`hvdkit._same_start`).
+
+    Raises:
+        ConfigurationError: the value is none of ``error``, ``warn``, ``off``.
+    """
+    return _read(
+        SAME_START,
+        "error",
+        lambda v: v if v in SAME_START_VALUES else None,
+        lambda v: True,
+        "error, warn or off",
+        "error (the default) stops a job whose ranks start from different weights, warn only "
+        "says so, off skips the check (docs/training.md).",
+        None,
+    )
 
 
 def comm_priority() -> str | None:

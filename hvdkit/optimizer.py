@@ -15,7 +15,16 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from . import _buckets, _compat, _graph_progress, _op_names, collectives, process_sets, runtime
+from . import (
+    _buckets,
+    _compat,
+    _graph_progress,
+    _op_names,
+    _same_start,
+    collectives,
+    process_sets,
+    runtime,
+)
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
@@ -124,7 +133,9 @@ def reduce_gradients(
         groups, num_groups: Horovod's explicit grouping instead of
             ``bucket_bytes``: an int splits the gradients into that many
             allreduces, lists of variables are reduced together.
-        variables: the variable of each gradient (for list ``groups``).
+        variables: the variable of each gradient (for list ``groups``, and for
+            the check that every rank starts from the same weights:
+            :mod:`hvdkit._same_start`, once per variable list).
         process_set: reduce within this registered set only (``Average``
             divides by its size; the buckets stay within it). On a rank
             outside the set, or for a set of one rank, the gradients are
@@ -144,6 +155,11 @@ def reduce_gradients(
     n = len(ps.ranks) if ps.process_set_id else runtime.size()
     if n == 1 or not ps.included():
         return list(grads)
+    if variables is not None:
+        waits = _same_start.check(variables, ps, n)
+        if waits:  # only in a job whose ranks differed at their first reduction
+            with tf.control_dependencies(waits):
+                grads = [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in grads]
     if op is ReduceOp.ADASUM:
         collectives.check_adasum(ps, "reduce_gradients")
     out: list = list(grads)
@@ -306,6 +322,13 @@ def route_loss_scaling() -> None:
     _compat.route_loss_scale_apply(_loss_scaled_apply)
 
 
+_LOADING_NOTE = (
+    "an hvdkit.DistributedOptimizer: load with hvdkit.load_model(path), which works even "
+    "after keras.saving.get_custom_objects().clear(), or import hvdkit before "
+    "keras.models.load_model and keep its registration"
+)
+
+
 @keras.saving.register_keras_serializable(package="hvdkit", name="DistributedOptimizer")
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer so that gradients are averaged over all ranks.
@@ -400,7 +423,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         process_set: process_sets.ProcessSet | None = None,
         **kwargs,
     ):
-        if isinstance(optimizer, str):
+        if isinstance(optimizer, (str, dict)):  # "adam", or a serialized optimizer
             optimizer = keras.optimizers.get(optimizer)
         if isinstance(optimizer, DistributedOptimizer):
             raise ConfigurationError(
@@ -643,11 +666,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "bucket_bytes": self.bucket_bytes,
             # lists of variables do not serialize; the loaded optimizer uses bucket_bytes
             "groups": self.groups if isinstance(self.groups, int) else None,
+            # Shown by Keras in its error when the class is not registered (e.g. after
+            # keras.saving.get_custom_objects().clear()): says how to load the file.
+            "loading": _LOADING_NOTE,
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
+        config.pop("loading", None)
         inner = _compat.deserialize_keras_object(
             config.pop("optimizer"), custom_objects=custom_objects
         )

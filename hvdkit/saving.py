@@ -13,13 +13,57 @@ import os
 
 import keras
 
+from . import collectives, runtime
+from ._keras_registry import REGISTERED_NAME
 from .compression import Compressor
 from .errors import ConfigurationError
 from .optimizer import DistributedOptimizer
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "save_model"]
 
 _LSO = keras.optimizers.LossScaleOptimizer
+
+
+def save_model(model: keras.Model, filepath: str | os.PathLike, root_rank: int = 0, **kwargs):
+    """Save ``model`` from ``root_rank`` only; return on every rank once the file is complete.
+
+    The pattern "save on one rank, load on all" without a race: call it on
+    every rank (it is a collective), then load on every rank. Rank
+    ``root_rank`` writes a temporary file beside ``filepath`` and renames it,
+    so no rank ever reads a half-written file; a failure to save raises the
+    same error on every rank. The ranks must see one filesystem at
+    ``filepath`` (one machine, or a shared one); otherwise only ``root_rank``
+    has the file and the others should receive weights by broadcast instead.
+
+    Args:
+        model: the model (every rank passes its own; ``root_rank``'s is saved).
+        filepath: a ``.keras`` path (or any path ``model.save`` accepts).
+        root_rank: the rank that writes.
+        **kwargs: passed to ``model.save``.
+
+    Example:
+        >>> hvdkit.save_model(model, "my_model.keras")     # on every rank
+        >>> model = hvdkit.load_model("my_model.keras")    # on every rank: the file is there
+    """
+    failure = None
+    if runtime.rank() == root_rank:
+        path = os.fspath(filepath)
+        folder, name = os.path.split(os.path.abspath(path))
+        stem, ext = os.path.splitext(name)
+        tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")  # keeps the suffix
+        try:
+            model.save(tmp, **kwargs)
+            os.replace(tmp, path)
+        except Exception as exc:  # every rank learns of it below, instead of waiting
+            failure = f"{type(exc).__name__}: {exc}"
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    failure = collectives.broadcast_object(failure, root_rank)
+    if failure is not None:
+        raise ConfigurationError(
+            f"save_model: rank {root_rank} could not save {os.fspath(filepath)!r} ({failure}); "
+            "fix the path or the model and call it again on every rank."
+        )
 
 
 def load_model(
@@ -65,7 +109,11 @@ def load_model(
                 "Pass e.g. custom_optimizers=[MyOptimizer]."
             )
         objects[cls.__name__] = cls
-    model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    # in a scope too: Keras deserializes the compile config without our custom_objects,
+    # and a script may have emptied the global registry (the Keras saving guide does)
+    objects.setdefault(REGISTERED_NAME, DistributedOptimizer)
+    with keras.saving.CustomObjectScope(objects):
+        model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return model
