@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _validate, runtime
-from ..errors import ConfigurationError, NotInitializedError, ShardingError
+from ..errors import ConfigurationError, ShardingError
 from . import _pipeline
 
 __all__ = ["MODES", "ShardingWarning", "shard_indices", "shard_weights", "shard"]
@@ -102,13 +102,11 @@ def resolve_shards(num_shards: int | None, shard_id: int | None) -> tuple[int, i
         NotInitializedError: both are ``None`` and ``hvdkit.init()`` was not called.
     """
     if num_shards is None and shard_id is None:
-        if not runtime.is_initialized():
-            raise NotInitializedError(
-                "num_shards/shard_id default to hvdkit.size()/hvdkit.rank(), but hvdkit is "
-                "not initialized: call hvdkit.init() first, or pass num_shards=1, shard_id=0 "
-                "to read all the data in this process."
-            )
-        return runtime.size(), runtime.rank()
+        rank, size = runtime.job_rank_size(
+            "num_shards/shard_id",
+            "pass num_shards=1, shard_id=0 to read all the data in this process.",
+        )
+        return size, rank
     if num_shards is None or shard_id is None:
         raise ShardingError(
             f"num_shards={num_shards!r} and shard_id={shard_id!r}: give both or neither; "

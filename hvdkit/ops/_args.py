@@ -28,8 +28,12 @@ def rank_and_size(rank, size, what: str) -> tuple[int, int]:
     """Explicit ``rank``/``size``, or hvdkit's runtime values where left as ``None``."""
     from .. import runtime
 
-    size = runtime.size() if size is None else positive_int(size, "size", what, "ranks")
-    rank = runtime.rank() if rank is None else rank
+    if rank is None or size is None:
+        job_rank, job_size = runtime.job_rank_size(
+            f"{what}: rank/size", "pass both rank= and size= explicitly."
+        )
+    size = job_size if size is None else positive_int(size, "size", what, "ranks")
+    rank = job_rank if rank is None else rank
     if not is_int(rank) or not 0 <= rank < size:
         raise ConfigurationError(
             f"{what}: rank={rank!r} is outside the job's ranks [0, {size}); pass a rank "

@@ -384,3 +384,13 @@ def test_dataset_map_errors_name_the_columns():
         tuples.map(rank_patch(2, 2, index=0, column=2))
     with pytest.raises(hvdkit.ConfigurationError, match=r"seed='1' must be an int"):
         replicated_shuffle(tuples, 2, seed="1")
+
+
+def test_rank_and_size_defaults_need_init_and_name_the_caller():
+    """rank/size left as None come from hvdkit.runtime.job_rank_size, as shard()'s do."""
+    hvdkit.shutdown()
+    with pytest.raises(hvdkit.NotInitializedError, match=r"rank_patch: rank/size left as None"):
+        rank_patch(1, 2)
+    with pytest.raises(hvdkit.NotInitializedError, match=r"rank_patch: rank/size"):
+        rank_patch(1, 2, rank=0)  # one of the two still needs the job
+    rank_patch(1, 2, rank=1, size=2)  # both given: no job needed
