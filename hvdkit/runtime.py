@@ -290,6 +290,23 @@ def is_initialized() -> bool:
     return _backend is not None
 
 
+def job_rank_size(what: str, fix: str) -> tuple[int, int]:
+    """``(rank(), size())`` for arguments left as ``None``: where every default of them is taken.
+
+    Used by :mod:`hvdkit.ops` (``rank``/``size``) and :mod:`hvdkit.data`
+    (``shard_id``/``num_shards``).
+
+    Raises:
+        NotInitializedError: :func:`init` was not called; names ``what`` and ``fix``.
+    """
+    if _backend is None:
+        raise NotInitializedError(
+            f"{what} left as None default to this job's rank and size (hvdkit.rank(), "
+            f"hvdkit.size()), but hvdkit is not initialized: call hvdkit.init() first, or {fix}"
+        )
+    return _backend.rank(), _backend.size()
+
+
 def rank() -> int:
     """This process's index in the job, in ``[0, size())``."""
     return _get().rank()
@@ -311,23 +328,6 @@ def local_size() -> int:
 
 
 def cross_rank() -> int:
-def job_rank_size(what: str, fix: str) -> tuple[int, int]:
-    """``(rank(), size())`` for arguments left as ``None``: where every default of them is taken.
-
-    Used by :mod:`hvdkit.ops` (``rank``/``size``) and :mod:`hvdkit.data`
-    (``shard_id``/``num_shards``).
-
-    Raises:
-        NotInitializedError: :func:`init` was not called; names ``what`` and ``fix``.
-    """
-    if _backend is None:
-        raise NotInitializedError(
-            f"{what} left as None default to this job's rank and size (hvdkit.rank(), "
-            f"hvdkit.size()), but hvdkit is not initialized: call hvdkit.init() first, or {fix}"
-        )
-    return _backend.rank(), _backend.size()
-
-
     """Index of this machine among the machines of the job."""
     return _get().cross_rank()
 
