@@ -301,7 +301,8 @@ def horovod_rendezvous_classes() -> tuple[type, type]:
 
 
 def horovod_slot_info() -> type:
-    """Horovod 0.28.1's ``SlotInfo`` (a rank's place), as its rendezvous server's ``init`` reads it."""
+    """Horovod 0.28.1's ``SlotInfo`` (a rank's place), as its rendezvous server's ``init``
+    reads it."""
     from horovod.runner.common.util.hosts import SlotInfo
 
     return SlotInfo
