@@ -41,20 +41,20 @@ HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"  # "1" allows add/
 BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launched
 INTRA_OP_THREADS = "HVDKIT_INTRA_OP_THREADS"  # int, or "auto"
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds, used by hvdkitrun
-LOG_DIR = "HVDKIT_LOG_DIR"
 DEFAULT_STALL_TIMEOUT_S = 120.0
+LOG_DIR = "HVDKIT_LOG_DIR"
 MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat receiver
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (default 0)
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
-SAME_START = "HVDKIT_SAME_START"  # ranks holding different weights at the start: error|warn|off
-PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 # Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
 # hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave
 # steps within each other's noise, 16 MiB and a single bucket clearly slower. 4 MiB
 # keeps models with less than 4 MiB of gradients on one allreduce, as before buckets.
 DEFAULT_BUCKET_BYTES = 4 << 20
+SAME_START = "HVDKIT_SAME_START"  # ranks holding different weights at the start: error|warn|off
+PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 CACHE_DIR = "HVDKIT_CACHE_DIR"  # built Horovod wheels (default ~/.cache/hvdkit)
 COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
 DEFAULT_SCHED_TIMEOUT_S = 300.0
@@ -75,9 +75,9 @@ SCHED_TIMEOUT = "HVDKIT_SCHED_TIMEOUT"  # seconds to wait for all workers (defau
 TOKEN_FILE = "HVDKIT_TOKEN_FILE"  # where run_scheduler.sh leaves a generated token
 MIN_WORKERS = "HVDKIT_MIN_WORKERS"  # continue a restarted job on this many (default: all)
 REPLACE_TIMEOUT = "HVDKIT_REPLACE_TIMEOUT"  # seconds to wait for replacement workers
+DEFAULT_REPLACE_TIMEOUT_S = 10.0
 DEFAULT_PREEMPT_GRACE_S = 25.0  # Kubernetes waits 30 s after SIGTERM by default
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped for SIGTERM with a checkpoint; run again
-DEFAULT_REPLACE_TIMEOUT_S = 10.0
 DEFAULT_SCHED_PORT = 29500  # the scheduler's TCP port when none is set
 MINDSPORE_ALIASES = {
     ROLE: "MS_ROLE",
