@@ -81,6 +81,20 @@ def read_assignment(folder: str) -> dict | None:
     return body
 
 
+def enabled() -> bool:
+    """Whether this rank may recover in-process: a worker of an elastic job started it."""
+    return bool(config.get(config.ELASTIC_DIR))
+
+
+def join_waiting() -> bool:
+    """Whether this rank's worker left it a next assignment (a worker waits to join)."""
+    folder = config.get(config.ELASTIC_DIR)
+    if not folder:
+        return False
+    body = read_assignment(folder)
+    return body is not None and body["round"] > config.restart_count()
+
+
 def take(body: dict) -> int:
     """Make ``body`` (an assignment) this process's Horovod settings; its round."""
     os.environ.update(body["env"])

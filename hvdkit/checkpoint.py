@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,7 +33,7 @@ import keras
 import numpy as np
 
 from . import _checkpoint_files as files
-from . import _compat, collectives, config, errors, preemption, runtime
+from . import _compat, _meeting, collectives, config, errors, preemption, runtime
 from ._validate import check_int, is_number
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
@@ -98,7 +99,9 @@ class Checkpointer:
 
     Args:
         directory: Folder of the checkpoints (created if missing); the same
-            path for every rank (only rank 0 uses it).
+            path for every rank (only rank 0 uses it). ``None``: nothing is
+            written (Horovod's elastic state classes, :mod:`hvdkit.elastic_state`,
+            keep their commits in memory only).
         model: A built ``keras.Model``; all of ``model.variables`` are saved.
         optimizer: Its optimizer; ``None`` means ``model.optimizer`` when the
             model is compiled. Built on :meth:`restore` if it is not yet.
@@ -167,10 +170,10 @@ class Checkpointer:
         preemption: bool = True,
         background: bool = True,
     ):
-        if not isinstance(directory, (str, os.PathLike)):
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise ConfigurationError(
                 f"Checkpointer: directory={directory!r} is not a path; pass the folder "
-                "to keep checkpoints in."
+                "to keep checkpoints in (or None to keep the last save in memory only)."
             )
         if not isinstance(model, keras.Model):
             raise ConfigurationError(
@@ -199,7 +202,7 @@ class Checkpointer:
         )
         extra = {} if extra is None else extra
         self._check_extra(extra)
-        self.directory = Path(directory)
+        self.directory = None if directory is None else Path(directory)
         self.model = model
         self._optimizer = optimizer
         self.sampler = sampler
@@ -217,7 +220,7 @@ class Checkpointer:
         self._scheduled_step = 0  # last step the schedule looked at
         self._preemption_wanted = bool(preemption)
         self._preemption = None  # a preemption.Watch, installed by restore()
-        self._commit: dict | None = None  # the last save, in memory (hvdkit.elastic)
+        self._listeners: list[Callable[[str, Checkpointer], None]] = []  # add_listener()
         self.restored = False  # restore() ran (hvdkit.elastic.run restores only if not)
         if not isinstance(background, bool):
             raise ConfigurationError(
@@ -231,7 +234,8 @@ class Checkpointer:
 
     def __repr__(self) -> str:
         return (
-            f"Checkpointer({str(self.directory)!r}, step={self.step}, epoch={self.epoch}, "
+            f"Checkpointer({self.directory and str(self.directory)!r}, "
+            f"step={self.step}, epoch={self.epoch}, "
             f"every_steps={self.every_steps}, every_seconds={self.every_seconds}, "
             f"keep={self.keep})"
         )
@@ -385,7 +389,7 @@ class Checkpointer:
             try:
                 self.wait()
                 # another Checkpointer of this process may still write here
-                other = _writing.get(self.directory.resolve())
+                other = self.directory and _writing.get(self.directory.resolve())
                 if other is not None:
                     other.join()
             except Exception as e:  # every rank must learn of it, or the others wait
@@ -396,7 +400,7 @@ class Checkpointer:
             header = {"ok": False, "type": "HvdkitError", "message": f"on rank 0: {failure}"}
         elif root:
             try:
-                found = self._find_on_root(variables)
+                found = None if self.directory is None else self._find_on_root(variables)
                 if found is not None:
                     folder, _, arrays, state = found
                     for var, value in zip(variables, arrays, strict=True):
@@ -417,29 +421,53 @@ class Checkpointer:
         state = header["state"]
         if state is None:
             self.step, self.epoch = 0, self.sampler.epoch if self.sampler else 0
-            self._remember(variables)
-            self.restored = True
-            return 0
-        if header.get("path"):
-            self.last_path = Path(header["path"])
-        self._take_state(state)
-        self._remember(variables)
+        else:
+            if header.get("path"):
+                self.last_path = Path(header["path"])
+            self.load_state_dict(state)
         self.restored = True
+        self._tell("restore")
         return self.step
 
     def _watch_steps(self) -> None:
         """Install what decides with the other ranks at step boundaries (preemption, growth)."""
-        from . import elastic
-
         if self._preemption_wanted:
             self._preemption = preemption.watch()
-        elif elastic.enabled():  # the step exchange without a SIGTERM handler
+        elif _meeting.enabled():  # the step exchange without a SIGTERM handler
             self._preemption = preemption.Watch(config.preempt_grace())
-        if self._preemption is not None and elastic.enabled():
-            self._preemption.join_waiting = elastic.join_waiting
+        if self._preemption is not None and _meeting.enabled():
+            self._preemption.join_waiting = _meeting.join_waiting
 
-    def _take_state(self, state: dict) -> None:
-        """Step, epoch, extra, random state and sampler position from a saved or sent state."""
+    # ------------------------------------------------------------ state, for hvdkit.elastic
+    def variables(self) -> list:
+        """The model's variables, then the optimizer's (built if it is not yet): what is saved.
+
+        Raises:
+            ConfigurationError: the model is not built.
+        """
+        model_vars, opt_vars = self._variables()
+        return model_vars + opt_vars
+
+    def state_dict(self) -> dict:
+        """Step, epoch, extra, random state and sampler position as they stand (no variables).
+
+        A JSON-able dict; :meth:`load_state_dict` takes it back.
+        """
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "rng": _rng_state(),
+            "extra": json.loads(json.dumps(self.extra)),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take step, epoch, extra, random state and sampler position from ``state``.
+
+        ``state`` is what :meth:`state_dict` returned or a checkpoint held. The
+        sampler's position is re-sharded if its ``num_shards`` changed since,
+        and the save schedule counts from the state's step.
+        """
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.extra.clear()
@@ -451,74 +479,32 @@ class Checkpointer:
         self._next_check = self.step + 1
         self._last_save_time = self._check_time = time.monotonic()
 
-    def _remember(self, variables: list | None = None) -> None:
-        """Keep the state as of now in memory, on every rank (only in an elastic job).
+    def add_listener(self, listener: Callable[[str, Checkpointer], None]) -> None:
+        """Call ``listener(event, self)`` on this rank after each restore and save.
 
-        What :meth:`_rollback` goes back to after an in-process recovery: a
-        copy of every variable, the sampler's position, the random state,
-        ``step``, ``epoch`` and ``extra``.
+        ``event`` is ``"restore"`` (every rank holds the restored state) or
+        ``"save"`` (the state as saved; rank 0 may still be writing it). Every
+        rank calls them at the same steps: :mod:`hvdkit.elastic` keeps each
+        such state in memory, its commits.
         """
-        from . import elastic
+        self._listeners.append(listener)
 
-        if not elastic.enabled():
-            return
-        if variables is None:
-            model_vars, opt_vars = self._variables()
-            variables = model_vars + opt_vars
-        # Into the last commit's arrays, as the background save does: no fresh
-        # memory to first-touch at every commit.
-        previous = self._commit["arrays"] if self._commit is not None else []
-        previous = previous + [None] * (len(variables) - len(previous))
-        self._commit = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "arrays": [
-                _compat.copy_variable(v, out) for v, out in zip(variables, previous, strict=False)
-            ],
-            "sampler": None if self.sampler is None else self.sampler.state_dict(),
-            "rng": _rng_state(),
-            "extra": json.loads(json.dumps(self.extra)),
-        }
+    def _tell(self, event: str) -> None:
+        for listener in self._listeners:
+            listener(event, self)
 
-    def _rollback(self) -> int:
-        """Go back to the last :meth:`_remember` in a new world (hvdkit.elastic); its step.
+    def reschedule(self) -> None:
+        """Decide with the other ranks again at the next step (preemption, growth).
 
-        Every survivor holds the same commit; rank 0's is sent to all, with the
-        same two collectives as :meth:`restore`, so a rank that joins the job
-        (it calls ``restore()`` in its fresh process) receives it too. The
-        sampler takes the new world's shards and re-shards the epoch's rest.
+        Call it on every rank alike, e.g. in a new world (:mod:`hvdkit.elastic`).
         """
-        commit = self._commit
-        if commit is None:
-            raise HvdkitError(
-                "hvdkit.elastic: nothing to roll back to; call Checkpointer.restore() before "
-                "training (hvdkit.elastic.run does)."
-            )
-        model_vars, opt_vars = self._variables()
-        variables = model_vars + opt_vars
-        for var, value in zip(variables, commit["arrays"], strict=True):
-            var.assign(value)
-        state = {k: commit[k] for k in ("step", "epoch", "extra", "rng", "sampler")}
-        header = {"ok": True, "state": state, "path": None}
-        if runtime.size() > 1:
-            header = collectives.broadcast_object(header, 0)
-            collectives.broadcast_variables(variables, 0)
-        state = json.loads(json.dumps(header["state"]))
-        if self.sampler is not None:
-            self.sampler.num_shards, self.sampler.shard_id = runtime.size(), runtime.rank()
-        self._take_state(state)
-        self._remember(variables)
         if self._preemption is not None:
             self._preemption.restart()
-        return self.step
 
     def _regroup(self, step: int) -> NoReturn:
-        """Every rank: commit ``step`` in memory and leave for the bigger world (a worker joins)."""
-        from . import elastic
-
+        """Every rank: leave for the bigger world after ``step`` (a worker waits to join)."""
         self.step = int(step)
-        self._remember()
-        raise elastic.Regroup(self.step)
+        raise preemption.Regroup(self.step)
 
     def _restore_sampler(self, saved: dict) -> None:
         s = self.sampler
@@ -560,8 +546,8 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         if self.sampler is not None:
             self.epoch = self.sampler.epoch
-        self._remember()
-        if runtime.rank() != 0:
+        self._tell("save")
+        if runtime.rank() != 0 or self.directory is None:
             return None
         self._check_extra(self.extra)
         self.wait()  # one write at a time; a failed one is raised here
@@ -578,15 +564,7 @@ class Checkpointer:
             shutil.rmtree(path, ignore_errors=True)
         model_vars, opt_vars = self._variables()
         named = [("model", v) for v in model_vars] + [("optimizer", v) for v in opt_vars]
-        state = {
-            "step": step,
-            "epoch": self.epoch,
-            "sampler": None if self.sampler is None else self.sampler.state_dict(),
-            "rng": _rng_state(),
-            "extra": json.loads(json.dumps(self.extra)),
-            "world_size": runtime.size(),
-            "saved_at": time.time(),
-        }
+        state = {**self.state_dict(), "world_size": runtime.size(), "saved_at": time.time()}
 
         def entry(group, v):
             return {"group": group, "name": getattr(v, "path", v.name), "dtype": _dtype_name(v)}

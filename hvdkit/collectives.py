@@ -115,7 +115,8 @@ class TFArgumentError(ConfigurationError, tf.errors.InvalidArgumentError):
     """:class:`~hvdkit.errors.ConfigurationError` that is also Horovod's error class.
 
     Horovod 0.28.1 reports an ``alltoall`` whose rows do not split as asked
-    (``splits`` not adding up to the first dimension, an uneven default split)
+    (``splits`` not adding up to the first dimension, an uneven default split),
+    and a collective on a process set the rank is not in,
     as ``tf.errors.InvalidArgumentError``; hvdkit finds these before
     communicating and raises this class, so ``except ValueError``,
     ``except hvdkit.ConfigurationError`` and Horovod-style
@@ -164,8 +165,12 @@ def _resolve_op(op: ReduceOp | None, average: bool | None, what: str) -> ReduceO
 
 
 def _in_set(process_set: Any, what: str) -> ProcessSet:
-    """The registered set a collective runs over; refuses a set this rank is not in."""
-    return process_sets.resolve(process_set, what)
+    """The registered set a collective runs over; refuses a set this rank is not in.
+
+    Horovod's engine raises ``tf.errors.InvalidArgumentError`` for a rank
+    outside the set; hvdkit's error is that class too (and a ConfigurationError).
+    """
+    return process_sets.resolve(process_set, what, not_member=TFArgumentError)
 
 
 def _size(ps: ProcessSet) -> int:

@@ -36,6 +36,7 @@ LAUNCHER_SIZE_VARS = (HOROVOD_SIZE, OMPI_SIZE, PMI_SIZE)
 # --- Horovod settings hvdkit honours in a job of size 1 too ---
 HOROVOD_TIMELINE = "HOROVOD_TIMELINE"  # "DYNAMIC" allows start_timeline()/stop_timeline()
 HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"  # "1" allows add/remove_process_set
+HOROVOD_ELASTIC = "HOROVOD_ELASTIC"  # "1": horovodrun's elastic driver started us (refused)
 
 # --- hvdkit's own settings ---
 BACKEND = "HVDKIT_BACKEND"  # "horovod" | "local"; default: horovod when launched

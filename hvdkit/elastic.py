@@ -32,6 +32,12 @@ training (an evaluation, a save) in their world.
 Gloo only: Open MPI cannot admit a process set change within a job, so an
 ``--mpi`` job (``hvdkitrun``) restarts as before (``--max-restarts``).
 
+Horovod's elastic state classes and Keras callbacks (``KerasState``,
+``TensorFlowKerasState``, ``ObjectState``, ``CommitStateCallback``, ...) are
+here too, from :mod:`hvdkit.elastic_state`; :func:`run` takes such a state as
+Horovod's ``hvd.elastic.run`` does (sync, call, and on a reset: restore, new
+world, reset callbacks, sync).
+
 Example:
     >>> ckpt = hvdkit.Checkpointer("ckpt", model=model, sampler=sampler, every_steps=20)
     >>> @hvdkit.elastic.run
@@ -50,38 +56,25 @@ import functools
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from . import _meeting, _progress, config, runtime
+from ._meeting import enabled
+from ._memory_commit import MemoryCommit
 from .errors import LaunchError, NotSupportedError
+from .preemption import Regroup
 
-__all__ = ["run", "enabled", "Regroup"]  # and Horovod's other names, refused with hvdkit's way
+__all__ = ["run", "enabled", "Regroup"]  # and Horovod's state classes (hvdkit.elastic_state)
 
 # What a collective says once Horovod stopped for a failed peer (its background loop
 # ended on Gloo's error): every pending and later collective fails with it.
 _PEER_LOST = ("Horovod has been shut down",)
 
 
-class Regroup(Exception):
-    """Raised on every rank at a commit boundary where a worker waits to join the job.
-
-    :func:`run` catches it: the ranks leave Horovod, start it again with the
-    newcomer, and go on from ``step`` (committed in memory just before, so no
-    step is trained twice). Only seen by code that catches every exception
-    inside the training function: let it pass.
-    """
-
-    def __init__(self, step: int):
-        super().__init__(f"a worker joins the job after step {step}")
-        self.step = step
-
-
-def enabled() -> bool:
-    """Whether this rank may recover in-process: a worker of an elastic job started it."""
-    return bool(config.get(config.ELASTIC_DIR))
-
-
+# Regroup (hvdkit.preemption) and enabled (hvdkit._meeting, beside join_waiting) are
+# defined below this module, so that the Checkpointer uses them without importing it.
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a training function whose first argument is the job's Checkpointer.
 
@@ -101,35 +94,49 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
     Outside an elastic job it restores and calls the function once.
 
+    The state may instead be one of Horovod's (:class:`KerasState`,
+    :class:`ObjectState`, ...: :mod:`hvdkit.elastic_state`); then the loop is
+    Horovod's: ``state.sync()``, the call, and after a lost peer
+    ``state.restore()`` (its last commit), the new world,
+    ``state.on_reset()`` (its reset callbacks) and ``sync()`` again; after
+    ``state.commit()`` found a worker waiting to join, the same without the
+    restore.
+
     Raises:
-        NotSupportedError: the first argument is not a Checkpointer (e.g.
-            Horovod's ``KerasState``), naming the hvdkit way.
+        NotSupportedError: the first argument is neither a Checkpointer nor
+            one of Horovod's state classes, naming the hvdkit way.
     """
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         from .checkpoint import Checkpointer
+        from .elastic_state import State
 
+        if isinstance(state, State):
+            return _run_state(func, state, args, kwargs)
         if not isinstance(state, Checkpointer):
             raise NotSupportedError(
-                f"hvdkit.elastic.run: the state {state!r} is not an hvdkit.Checkpointer. "
-                "hvdkit's state is a Checkpointer (model, optimizer, sampler, step and epoch; "
-                "its saves are the commits): hvdkit.Checkpointer(dir, model=..., sampler=..., "
-                "every_steps=N), then call the decorated function with it."
+                f"hvdkit.elastic.run: the state {state!r} is neither an hvdkit.Checkpointer "
+                "nor one of Horovod's state classes. Pass hvdkit.Checkpointer(dir, model=..., "
+                "sampler=..., every_steps=N) (its saves are the commits), or "
+                "hvdkit.elastic.KerasState(model, ...) as in Horovod."
             )
+        commit = _commit_of(state)
         if not state.restored:
             state.restore()
+        elif commit is not None:  # restored before run(): that state is the first commit
+            _on_checkpointer(commit, "restore")
         if enabled():
             _LostPeerWatch.start_once()
         while True:
             try:
                 result = func(state, *args, **kwargs)
             except Regroup as exc:
-                _recover(state, exc)
+                _recover(commit, exc)
             except Exception as exc:
                 if not enabled() or not _peer_lost(exc):
                     raise
-                _recover(state, exc)
+                _recover(commit, exc)
             else:
                 _say_finished()
                 return result
@@ -137,35 +144,105 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# Horovod's other hvd.elastic names, and what hvdkit has instead.
-_HOROVOD_NAMES = {
-    "State": "hvdkit.Checkpointer",
-    "ObjectState": "hvdkit.Checkpointer(extra={...})",
-    "KerasState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
-    "TensorFlowKerasState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
-    "TensorFlowState": "hvdkit.Checkpointer(dir, model=model, sampler=sampler)",
-    "CommitStateCallback": "ckpt.callback() with every_steps=N (each save is a commit)",
-    "UpdateBatchStateCallback": "ckpt.callback(batch_size=B) (it counts steps and batches)",
-    "UpdateEpochStateCallback": "ckpt.callback() and initial_epoch=sampler.epoch",
-}
+def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> Any:
+    """Horovod's elastic loop for one of its state classes, on hvdkit's elastic runtime."""
+    if enabled():
+        _LostPeerWatch.start_once()
+    rejoined = False
+    while True:
+        try:
+            if rejoined:
+                state.on_reset()
+            pending = state_pending()
+            state.sync()
+            _StatePending.received()
+            if pending:  # functions traced before the state came lack the step check
+                for model in _models_of(state):
+                    _reset_compiled_functions(model)
+            if rejoined and runtime.rank() == 0:
+                _meeting.write(
+                    config.get(config.ELASTIC_DIR),
+                    _meeting.RESUMED,
+                    f"{config.restart_count()} {state._commits}",
+                )
+            result = func(state, *args, **kwargs)
+        except Regroup as exc:
+            cause = exc
+        except Exception as exc:
+            if not enabled() or not _peer_lost(exc):
+                raise
+            state.restore()
+            cause = exc
+        else:
+            _say_finished()
+            return result
+        with _LostPeerWatch.recovering():
+            _rejoin_state(state, cause)
+        rejoined = True
 
 
 def __getattr__(name: str):
-    if name in _HOROVOD_NAMES:
-        raise NotSupportedError(
-            f"hvdkit.elastic.{name} is Horovod's; hvdkit's elastic state is its Checkpointer: "
-            f"use {_HOROVOD_NAMES[name]} with @hvdkit.elastic.run (docs/fault-tolerance.md)."
-        )
+    from . import elastic_state
+
+    if name in elastic_state.__all__:
+        return getattr(elastic_state, name)
     raise AttributeError(f"module 'hvdkit.elastic' has no attribute {name!r}")
 
 
-def join_waiting() -> bool:
-    """Whether this rank's worker left it a next assignment (a worker waits to join)."""
-    folder = config.get(config.ELASTIC_DIR)
-    if not folder:
-        return False
-    body = _meeting.read_assignment(folder)
-    return body is not None and body["round"] > config.restart_count()
+class _StatePending:
+    """Whether this rank trains before it has the job's state (Horovod's elastic example does).
+
+    Horovod's elastic Keras example trains one step before ``run`` syncs the
+    state, at the start and in its reset callback, so a newcomer's first step
+    (its optimizer at step 0) meets the others' (at their step). The
+    optimizer's check that every rank reduces the same step would stop that
+    job; functions traced while this is true leave it out, and ``run``
+    traces them again once the state came.
+    """
+
+    synced_once = False
+    rejoined = False
+
+    @classmethod
+    def received(cls) -> None:
+        cls.synced_once, cls.rejoined = True, False
+
+
+def state_pending() -> bool:
+    """Whether this rank of an elastic job trains before it received the job's state.
+
+    True before the first ``restore()``/``sync()`` of this process and, with
+    Horovod's state classes, between a new world and its ``sync()``.
+    """
+    return enabled() and (not _StatePending.synced_once or _StatePending.rejoined)
+
+
+# ---------------------------------------------------------------- a Checkpointer's commits
+# (issue 36) The in-memory commit and roll-back of a Checkpointer live here, over its
+# public methods (MemoryCommit); the Checkpointer itself only saves and restores.
+_COMMITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _commit_of(ckpt) -> MemoryCommit | None:
+    """In an elastic job, the commit kept for ``ckpt``: taken at each of its saves and restores.
+
+    Every rank saves and restores at the same steps, so every survivor holds
+    the same commit when a peer is lost. ``None`` outside an elastic job
+    (nothing to roll back in a job that restarts).
+    """
+    if not enabled():
+        return None
+    if ckpt not in _COMMITS:
+        commit = _COMMITS[ckpt] = MemoryCommit(ckpt)
+        ckpt.add_listener(lambda event, _ckpt: _on_checkpointer(commit, event))
+    return _COMMITS[ckpt]
+
+
+def _on_checkpointer(commit: MemoryCommit, event: str) -> None:
+    """After the Checkpointer's restore or save (``event``): commit it in memory."""
+    commit.save()
+    if event == "restore":
+        _StatePending.received()
 
 
 def _say_finished() -> None:
@@ -186,33 +263,75 @@ def _peer_lost(exc: BaseException) -> bool:
     return False
 
 
-def _recover(ckpt, exc: BaseException) -> None:
+def _recover(commit: MemoryCommit, exc: BaseException) -> None:
+    if isinstance(exc, Regroup):  # every rank left at the same step: commit it
+        commit.save()
     with _LostPeerWatch.recovering():
-        _recover_now(ckpt, exc)
+        _recover_now(commit, exc)
 
 
-def _recover_now(ckpt, exc: BaseException) -> None:
-    started = time.monotonic()
-    old_rank, old_size = runtime.rank(), runtime.size()
-    ended = _LostPeerWatch.ended
+def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
+    started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
+    round_ = _leave_and_rejoin()
+    joined = time.monotonic()
+    step = commit.rollback()
+    _StatePending.received()
+    for model in _models_of(commit.ckpt):
+        _reset_compiled_functions(model)
+    if runtime.rank() == 0:  # the scheduler's membership line names the step
+        _meeting.write(config.get(config.ELASTIC_DIR), _meeting.RESUMED, f"{round_} {step}")
+    back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
+    _say_rejoined(
+        old_rank,
+        old_size,
+        round_,
+        _why(exc, ended),
+        f"{back} step {step}; {joined - started:.2f} s to rejoin, "
+        f"{time.monotonic() - joined:.2f} s to roll back",
+    )
+
+
+def _rejoin_state(state, exc: BaseException) -> None:
+    """Horovod's state: the new world; the reset callbacks and the sync come in the loop."""
+    started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
+    round_ = _leave_and_rejoin()
+    _StatePending.rejoined = True
+    for model in _models_of(state):
+        _reset_compiled_functions(model)
+    back = "goes on from" if isinstance(exc, Regroup) else "restored"
+    _say_rejoined(
+        old_rank,
+        old_size,
+        round_,
+        _why(exc, ended),
+        f"{back} commit {state._commits}; {time.monotonic() - started:.2f} s to rejoin",
+    )
+
+
+def _where() -> tuple[int, int]:
+    return runtime.rank(), runtime.size()
+
+
+def _leave_and_rejoin() -> int:
+    """Leave Horovod, meet the ranks of the next world, start Horovod in it; the round."""
     runtime.shutdown()
     _progress.forget_waits()  # not "stuck in a collective" while it rejoins
     round_ = _join_next_world()
     _progress.rank_changed(runtime.rank())  # the heartbeats speak for the new rank
-    joined = time.monotonic()
-    step = ckpt._rollback()
-    for model in _models_of(ckpt):
-        _reset_compiled_functions(model)
-    if runtime.rank() == 0:  # the scheduler's membership line names the step
-        _meeting.write(config.get(config.ELASTIC_DIR), _meeting.RESUMED, f"{round_} {step}")
+    return round_
+
+
+def _why(exc: BaseException, ended: int | None) -> str:
     why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
     if ended is not None:
         why += f" (the scheduler's word: a rank was lost; ended {ended} connections)"
-    back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
+    return why
+
+
+def _say_rejoined(old_rank: int, old_size: int, round_: int, why: str, rest: str) -> None:
     print(
         f"hvdkit: rank {old_rank} of {old_size} is rank {runtime.rank()} of {runtime.size()} "
-        f"(round {round_}) after {why}; {back} step {step}; "
-        f"{joined - started:.2f} s to rejoin, {time.monotonic() - joined:.2f} s to roll back",
+        f"(round {round_}) after {why}; {rest}",
         file=sys.stderr,
         flush=True,
     )
@@ -243,8 +362,9 @@ def _join_next_world() -> int:
     return round_
 
 
-def _models_of(ckpt) -> list:
-    return [ckpt.model]
+def _models_of(state) -> list:
+    model = getattr(state, "model", None)
+    return [] if model is None else [model]
 
 
 def _reset_compiled_functions(model) -> None:

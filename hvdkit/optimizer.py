@@ -22,6 +22,7 @@ from . import (
     _op_names,
     _same_start,
     collectives,
+    elastic,
     process_sets,
     runtime,
 )
@@ -243,7 +244,10 @@ def _reduce_buckets(
         results.update(zip(bucket, reduced, strict=True))
     _graph_progress.done(token, finished)  # stateful: tf.function runs it
     n = len(ps.ranks) if ps.process_set_id else runtime.size()
-    checks = [] if step is None else [_check_step_marker(step, marker, op, n)]
+    # hvdkit.elastic: a rank that trains before it has the job's state (Horovod's elastic
+    # example does) meets ranks at another step; traced again with the check once it has it
+    unchecked = step is None or elastic.state_pending()
+    checks = [] if unchecked else [_check_step_marker(step, marker, op, n)]
     with tf.control_dependencies(checks):
         return {i: tf.identity(compression.decompress(r, packed[i][1])) for i, r in results.items()}
 

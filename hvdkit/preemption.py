@@ -62,6 +62,22 @@ class Preempted(SystemExit):
         return f"preempted: stopped after step {self.step}, checkpoint{where}; run again to resume"
 
 
+class Regroup(Exception):
+    """Raised on every rank at a commit boundary where a worker waits to join the job.
+
+    :func:`hvdkit.elastic.run` catches it (as ``hvdkit.elastic.Regroup``): the
+    ranks commit ``step`` in memory, leave Horovod, start it again with the
+    newcomer, and go on from ``step`` (no step is trained twice). Only seen by
+    code that catches every exception inside the training function: let it
+    pass. Defined here, beside :attr:`Watch.regroup` that decides it, so that
+    the Checkpointer raises it without importing :mod:`hvdkit.elastic`.
+    """
+
+    def __init__(self, step: int):
+        super().__init__(f"a worker joins the job after step {step}")
+        self.step = step
+
+
 class Watch:
     """Notes ``SIGTERM`` and decides, with the other ranks, the step to stop at.
 

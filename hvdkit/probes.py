@@ -29,6 +29,7 @@ __all__ = [
     "cuda_built",
     "rocm_built",
     "ddl_built",
+    "gpu_available",
     "mpi_enabled",
     "gloo_enabled",
     "mpi_threads_supported",
@@ -76,6 +77,18 @@ def rocm_built() -> bool:
 def ddl_built() -> bool:
     """Whether the installed Horovod was compiled with IBM DDL."""
     return bool(build_flags()["ddl"])
+
+
+def gpu_available(ext_base_name: str = "tensorflow", verbose: bool = False) -> bool:
+    """Whether the framework ``ext_base_name`` runs with a GPU here (Horovod's function).
+
+    For ``"tensorflow"``: TensorFlow sees a GPU. hvdkit serves TensorFlow
+    only, so any other framework's name gives ``False``; ``verbose`` is
+    accepted for Horovod's signature and prints nothing.
+    """
+    if ext_base_name != "tensorflow":
+        return False
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 # ------------------------------------------------------------------ this job (after init)

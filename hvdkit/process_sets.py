@@ -183,12 +183,20 @@ def forget_all() -> None:
     _registered.clear()
 
 
-def resolve(process_set: Any, what: str, *, member: bool = True) -> ProcessSet:
+def resolve(
+    process_set: Any,
+    what: str,
+    *,
+    member: bool = True,
+    not_member: type[ConfigurationError] = ConfigurationError,
+) -> ProcessSet:
     """The registered set a collective runs over (``None`` is the global set).
 
     Raises:
         ConfigurationError: not a ProcessSet, not registered, removed, or
-            (``member``) this rank is not in it.
+            (``member``) this rank is not in it (then ``not_member``, a
+            subclass the caller may choose: collectives raise one that is
+            also Horovod's ``tf.errors.InvalidArgumentError``).
     """
     if process_set is None or process_set is global_process_set:
         return global_process_set
@@ -207,7 +215,7 @@ def resolve(process_set: Any, what: str, *, member: bool = True) -> ProcessSet:
         )
         raise ConfigurationError(f"{what}: {process_set} {how}.")
     if member and process_set.process_set_id and runtime.rank() not in process_set.ranks:
-        raise ConfigurationError(
+        raise not_member(
             f"{what}: rank {runtime.rank()} is not in {process_set}; only its ranks may call a "
             "collective on it (test process_set.included() first)."
         )

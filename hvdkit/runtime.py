@@ -95,6 +95,7 @@ def init(
         name = "horovod" if launched is not None else "local"
     if launched is None and backend != "local":
         _refuse_lonely_job()
+    _refuse_horovod_elastic()
     if name == "local" and launched is not None and launched > 1:
         raise ConfigurationError(
             f"backend 'local' was requested but the launcher started {launched} "
@@ -129,6 +130,26 @@ def _refuse_split_srun_step(tasks: int, formed: int) -> None:
         "('#SBATCH --mpi=pmix' or srun --mpi=pmix; `srun --mpi=list` shows what the cluster "
         "has); or use Gloo (HOROVOD_CONTROLLER=gloo, docs/slurm.md)."
     )
+
+
+def _refuse_horovod_elastic() -> None:
+    """``horovodrun --host-discovery-script`` (``HOROVOD_ELASTIC=1``): refused, with hvdkit's way.
+
+    Horovod's elastic driver tells its ranks of new and lost hosts through
+    its own notification service, which hvdkit's ranks do not listen to: a
+    lost host would end the job, and a new one would never be admitted.
+    """
+    if config.get(config.HOROVOD_ELASTIC) == "1":
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(
+            "this process was started by horovodrun's elastic mode (--host-discovery-script, "
+            f"{config.HOROVOD_ELASTIC}=1), whose host changes hvdkit cannot follow. Start the "
+            "job with hvdkit's elastic launch instead: HVDKIT_ELASTIC=1 HVDKIT_WORKER_NUM=N "
+            "HVDKIT_MIN_WORKERS=M examples/cluster/run_scheduler.sh, then "
+            "examples/cluster/run_workers.sh K python train.py on each host "
+            "(docs/fault-tolerance.md#in-process-recovery-and-growth-hvdkitelastic)."
+        )
 
 
 def _announce_joining() -> None:

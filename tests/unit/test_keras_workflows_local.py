@@ -17,8 +17,7 @@ import hvdkit
 @pytest.mark.parametrize(
     "call, fragment",
     [
-        (lambda: hvdkit.elastic.KerasState, "hvdkit.elastic.KerasState is Horovod's"),
-        (lambda: hvdkit.elastic.run(print)(object()), "is not an hvdkit.Checkpointer"),
+        (lambda: hvdkit.elastic.run(print)(object()), "neither an hvdkit.Checkpointer"),
     ],
 )
 def test_horovod_only_names_import_and_refuse_on_use(call, fragment):
@@ -30,6 +29,29 @@ def test_horovod_only_names_import_and_refuse_on_use(call, fragment):
 
 def test_elastic_answers_introspection_without_refusing():
     assert not hasattr(hvdkit.elastic, "__wrapped__")
+    assert not hasattr(hvdkit.elastic, "NoSuchState")
+
+
+def test_horovods_elastic_names_are_hvdkits_adapters():
+    from hvdkit import elastic_state
+
+    for name in ["KerasState", "TensorFlowKerasState", "TensorFlowState", "ObjectState", "State"]:
+        assert getattr(hvdkit.elastic, name) is getattr(elastic_state, name)
+    assert issubclass(hvdkit.elastic.HostsUpdatedInterrupt, hvdkit.elastic.Regroup)
+    for name in ["CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"]:
+        assert issubclass(getattr(hvdkit.elastic, name), __import__("keras").callbacks.Callback)
+
+
+def test_horovodrun_elastic_mode_is_refused_naming_hvdkits_launch(monkeypatch):
+    from hvdkit import runtime
+
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(hvdkit.NotSupportedError) as info:
+        runtime._refuse_horovod_elastic()
+    assert "--host-discovery-script" in str(info.value)
+    assert "HVDKIT_ELASTIC=1" in str(info.value) and "run_scheduler.sh" in str(info.value)
+    monkeypatch.setenv("HOROVOD_ELASTIC", "0")
+    runtime._refuse_horovod_elastic()
     assert repr(hvdkit.Adasum) == "hvdkit.Adasum"
 
 
