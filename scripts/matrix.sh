@@ -10,7 +10,7 @@
 #   HVDKIT_MATRIX_TF="2.19.0 2.21.0" scripts/matrix.sh
 #   HVDKIT_MATRIX_CANARY=1 scripts/matrix.sh       # also the canary rows: keras-nightly on the
 #                                                  # newest TF, and tf-nightly-cpu with its Keras
-#   HVDKIT_MATRIX_CANARY=only scripts/matrix.sh    # the canary rows alone
+#   HVDKIT_MATRIX_CANARY=keras-nightly scripts/matrix.sh  # one canary row alone (or tf-nightly)
 #   HVDKIT_MATRIX_TABLE=1 scripts/matrix.sh        # only print the table of recorded rows
 #
 # It tests the committed HEAD (exported to $ROOT/src-<commit>), not the working tree, so
@@ -127,13 +127,16 @@ PYEOF
 }
 
 if [[ -z "${HVDKIT_MATRIX_TABLE:-}" ]]; then
-    if [[ "${HVDKIT_MATRIX_CANARY:-}" != only ]]; then
+    canary="${HVDKIT_MATRIX_CANARY:-}"
+    if [[ "$canary" != *nightly ]]; then
         for tf in "${TF_VERSIONS[@]}"; do
             run_row "tf$tf" "tensorflow-cpu==$tf"
         done
     fi
-    if [[ -n "${HVDKIT_MATRIX_CANARY:-}" ]]; then
+    if [[ -n "$canary" && "$canary" != tf-nightly ]]; then
         run_row "tf${TF_VERSIONS[-1]}-keras-nightly" "tensorflow-cpu==${TF_VERSIONS[-1]}" keras-nightly
+    fi
+    if [[ -n "$canary" && "$canary" != keras-nightly ]]; then
         run_row "tf-nightly" "tf-nightly-cpu" keras-nightly  # its own Keras, kept over [test]'s
     fi
 fi
