@@ -85,6 +85,7 @@ _EXPORTS = {
     "DistributedGradientTape": "optimizer",
     "reduce_gradients": "optimizer",
     "PartialDistributedGradientTape": "partial",
+    "PartialDistributedOptimizer": "partial",
     "Compression": "compression",
     "SyncBatchNormalization": "sync_batch_norm",
     "load_model": "saving",
@@ -231,7 +232,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         ShardingError,
     )
     from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
-    from .partial import PartialDistributedGradientTape
+    from .partial import PartialDistributedGradientTape, PartialDistributedOptimizer
     from .probes import (
         ccl_built,
         cuda_built,

@@ -1,4 +1,5 @@
-"""Layers kept local to each rank: Horovod's ``PartialDistributedGradientTape``.
+"""Layers kept local to each rank: Horovod's ``PartialDistributedGradientTape`` and
+``PartialDistributedOptimizer``.
 
 The gradients of the ``local_layers``' trainable variables are not reduced:
 each rank applies its own (by default divided by the number of ranks, as
@@ -13,6 +14,12 @@ Example (a per-rank head on a shared body)::
     >>> tape = hvdkit.PartialDistributedGradientTape(tape, local_layers=[model.layers[-1]])
     >>> grads = tape.gradient(loss, model.trainable_variables)
     >>> opt.apply(grads, model.trainable_variables)   # the head trains on this rank's data
+
+With ``model.fit``, the optimizer does the same::
+
+    >>> opt = hvdkit.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+    ...                                          local_layers=[model.layers[-1]])
+    >>> model.compile(optimizer=opt, loss="mse")
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ import keras
 import tensorflow as tf
 
 from . import process_sets, runtime
+from .backends import ReduceOp
 from .errors import ConfigurationError
-from .optimizer import DistributedGradientTape, reduce_gradients
+from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
 
-__all__ = ["PartialDistributedGradientTape"]
+__all__ = ["PartialDistributedGradientTape", "PartialDistributedOptimizer"]
 
 
-def _layers(local_layers) -> list:
+def _layers(local_layers, what: str = "PartialDistributedGradientTape") -> list:
     """``local_layers`` as a list of Keras layers (``None``: none, one layer: that one)."""
     if local_layers is None:
         return []
@@ -40,7 +48,7 @@ def _layers(local_layers) -> list:
         bad = [x for x in local_layers if not isinstance(x, keras.layers.Layer)]
     if bad:
         raise ConfigurationError(
-            "PartialDistributedGradientTape: local_layers must be Keras layers; got "
+            f"{what}: local_layers must be Keras layers; got "
             f"{', '.join(type(x).__name__ for x in bad)}. Pass e.g. "
             "local_layers=[model.layers[-1]]."
         )
@@ -132,6 +140,81 @@ class PartialDistributedGradientTape(DistributedGradientTape):
             self._reduce_kwargs["process_set"], "PartialDistributedGradientTape", member=False
         )
         return len(ps.ranks) if ps.process_set_id else runtime.size()
+
+
+@keras.saving.register_keras_serializable(package="hvdkit", name="PartialDistributedOptimizer")
+class PartialDistributedOptimizer(DistributedOptimizer):
+    """A :class:`~hvdkit.DistributedOptimizer` that leaves some layers' gradients local.
+
+    Horovod's ``PartialDistributedOptimizer`` (``horovod.keras``): the
+    gradients of ``local_layers``' trainable variables, and of variables
+    passed to :meth:`register_local_var`, are not reduced; each rank applies
+    its own, divided by the number of ranks that reduce unless
+    ``scale_local_gradients=False``. Every other gradient is reduced as by
+    :class:`~hvdkit.DistributedOptimizer`.
+
+    Args:
+        optimizer, name: as :class:`~hvdkit.DistributedOptimizer`.
+        local_layers: a Keras layer or a list of them.
+        scale_local_gradients: divide the local gradients by the number of
+            ranks (the job, or ``process_set``), as Horovod by default.
+        **kwargs: :class:`~hvdkit.DistributedOptimizer`'s other arguments;
+            ``op`` only ``Average`` or ``Sum`` (as Horovod).
+
+    The local layers are not saved with the model (as ``process_set``): pass
+    them again after loading.
+
+    Raises:
+        ConfigurationError: an entry of ``local_layers`` is not a Keras layer,
+            or ``op`` is not Average or Sum.
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        name: str | None = None,
+        *,
+        local_layers=None,
+        scale_local_gradients: bool = True,
+        **kwargs,
+    ):
+        op = kwargs.get("op", ReduceOp.AVERAGE)
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            raise ConfigurationError(
+                f"PartialDistributedOptimizer: op={op!r}; only hvdkit.Average and hvdkit.Sum "
+                "(as Horovod). Use DistributedOptimizer for Adasum."
+            )
+        super().__init__(optimizer, name, **kwargs)
+        self._local_layers = _layers(local_layers, "PartialDistributedOptimizer")
+        self._local_vars: list = []
+        self.scale_local_gradients = scale_local_gradients
+
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient local too (Horovod's method)."""
+        self._local_vars.append(var)
+
+    def reduce(self, grads, variables=None):
+        """Reduce the shared gradients; the local ones stay (scaled) as they are."""
+        if self._skip_reduce or variables is None:
+            return super().reduce(grads, variables)
+        grads, variables = list(grads), list(variables)
+        local = {id(v) for layer in self._local_layers for v in layer.trainable_variables}
+        local |= {id(v) for v in self._local_vars}
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        reduced = super().reduce([grads[i] for i in shared], [variables[i] for i in shared])
+        out = list(grads)
+        for i, g in zip(shared, reduced, strict=True):
+            out[i] = g
+        ps = process_sets.resolve(self.process_set, "PartialDistributedOptimizer", member=False)
+        n = len(ps.ranks) if ps.process_set_id else runtime.size()
+        if self.scale_local_gradients and n > 1:
+            for i, v in enumerate(variables):
+                if id(v) in local and out[i] is not None:
+                    out[i] = _divide(out[i], n)
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "scale_local_gradients": self.scale_local_gradients}
 
 
 def _divide(grad, n: int):

@@ -23,6 +23,7 @@ CHECKS = [
     "adasum_allreduce_is_horovods",
     "adasum_optimizer_is_horovods_delta_rule",
     "partial_tape_keeps_local_layers_local",
+    "partial_optimizer_keeps_local_layers_local",
     "best_model_checkpoint_decides_job_wide_rank0_writes",
 ]
 

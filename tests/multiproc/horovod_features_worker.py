@@ -88,7 +88,11 @@ with c.check("collective_on_a_set_this_rank_is_not_in_is_refused"):
         lambda: hvd.barrier(process_set=other),
     ):
         expect(hvd.ConfigurationError, f"rank {r} is not in ProcessSet", call)
-        # Horovod's class for it too (its test_horovod_allreduce_process_set_id_error)
+    # Horovod's class for it too (its test_horovod_allreduce_process_set_id_error)
+    for call in (
+        lambda: hvd.allreduce(x, process_set=other),
+        lambda: hvd.allgather(x, process_set=other),
+    ):
         expect(tf.errors.InvalidArgumentError, f"rank {r} is not in ProcessSet", call)
     expect(
         hvd.ConfigurationError,
@@ -333,6 +337,55 @@ with c.check("partial_tape_keeps_local_layers_local"):
     heads = hvd.allgather(head.kernel.numpy()[None])
     np.testing.assert_array_equal(bodies[0], bodies[1])
     assert not np.allclose(heads[0], heads[1]), "the local heads were averaged"
+
+with c.check("partial_optimizer_keeps_local_layers_local"):
+    model, body, head = body_and_head()
+    _, x, y = model_and_data()
+    w0 = [v.numpy() for v in model.trainable_variables]
+    local = [g.numpy() for g in local_gradients(model, x, y)]
+    averaged = [hvd.allreduce(g) for g in local]
+    n_body = len(body.trainable_variables)
+    for scale, kind in ((True, "scaled"), (False, "as is")):
+        for v, w in zip(model.trainable_variables, w0, strict=True):
+            v.assign(w)
+        opt = hvd.PartialDistributedOptimizer(
+            keras.optimizers.SGD(0.1), local_layers=[head], scale_local_gradients=scale
+        )
+        opt.apply(local_gradients(model, x, y), model.trainable_variables)
+        for i, (v, w) in enumerate(zip(model.trainable_variables, w0, strict=True)):
+            g = averaged[i] if i < n_body else local[i] / (n if scale else 1)
+            np.testing.assert_allclose(v.numpy(), w - 0.1 * g, rtol=1e-5, atol=1e-7, err_msg=kind)
+    # register_local_var: the body's bias stays local too
+    for v, w in zip(model.trainable_variables, w0, strict=True):
+        v.assign(w)
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=head)
+    opt.register_local_var(body.trainable_variables[1])
+    opt.apply(local_gradients(model, x, y), model.trainable_variables)
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(), w0[0] - 0.1 * averaged[0])
+    np.testing.assert_allclose(
+        model.trainable_variables[1].numpy(), w0[1] - 0.1 * local[1] / n, rtol=1e-5
+    )
+    # in fit: the body stays one model, the heads part ways
+    for v, w in zip(model.trainable_variables, w0, strict=True):
+        v.assign(w)
+    model.compile(
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head]), "mse"
+    )
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    bodies = hvd.allgather(body.trainable_variables[0].numpy()[None])
+    heads = hvd.allgather(head.trainable_variables[0].numpy()[None])
+    np.testing.assert_array_equal(bodies[0], bodies[1])
+    assert not np.allclose(heads[0], heads[1]), "the local heads were averaged"
+    expect(
+        hvd.ConfigurationError,
+        "only hvdkit.Average and hvdkit.Sum",
+        lambda: hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum),
+    )
+    expect(
+        hvd.ConfigurationError,
+        "PartialDistributedOptimizer: local_layers must be Keras layers",
+        lambda: hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[1]),
+    )
 
 with c.check("best_model_checkpoint_decides_job_wide_rank0_writes"):
     model, x, y = model_and_data()
