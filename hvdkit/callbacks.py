@@ -49,17 +49,45 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     on some ranks only (restored on rank 0 alone) cannot leave them waiting in
     different collectives.
 
+    Args:
+        root_rank: the rank whose variables every rank takes.
+        device: Horovod's argument; TensorFlow places the broadcast.
+        local_variables: a variable or a list of them that each rank keeps
+            (Horovod's argument; e.g. a head trained with
+            :class:`~hvdkit.PartialDistributedOptimizer`); more with
+            :meth:`register_local_var`.
+
     Example:
         >>> model.fit(ds, callbacks=[hvdkit.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        self.device = device
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif hasattr(local_variables, "assign"):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        bad = [v for v in local_variables if not hasattr(v, "assign")]
+        if bad:
+            raise ConfigurationError(
+                "BroadcastGlobalVariablesCallback: local_variables must be variables; got "
+                f"{', '.join(type(v).__name__ for v in bad)}. Pass e.g. "
+                "model.layers[-1].variables."
+            )
+        self._local_vars = local_variables
+
+    def register_local_var(self, var) -> None:
+        """Leave ``var`` out of the broadcast: each rank keeps its own (Horovod's method)."""
+        self._local_vars.append(var)
 
     def _broadcast(self):
-        collectives.broadcast_variables(_model_optimizer_variables(self.model), self.root_rank)
+        local = {id(v) for v in self._local_vars}
+        variables = [v for v in _model_optimizer_variables(self.model) if id(v) not in local]
+        collectives.broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):

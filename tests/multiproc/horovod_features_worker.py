@@ -376,6 +376,23 @@ with c.check("partial_optimizer_keeps_local_layers_local"):
     heads = hvd.allgather(head.trainable_variables[0].numpy()[None])
     np.testing.assert_array_equal(bodies[0], bodies[1])
     assert not np.allclose(heads[0], heads[1]), "the local heads were averaged"
+    # BroadcastGlobalVariablesCallback(local_variables=): the local head keeps each rank's own
+    keras.utils.set_random_seed(10 + r)  # a different start on each rank
+    model, body, head = body_and_head(seed=10 + r)
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    before = [v.numpy() for v in head.variables]
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=head.kernel)
+    callback.register_local_var(head.bias)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])  # lr 0: no change
+    for v, b in zip(head.variables, before, strict=True):
+        np.testing.assert_array_equal(v.numpy(), b)
+    bodies = hvd.allgather(body.kernel.numpy()[None])
+    np.testing.assert_array_equal(bodies[0], bodies[1])  # rank 0's
+    expect(
+        hvd.ConfigurationError,
+        "local_variables must be variables; got str",
+        lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=["w"]),
+    )
     expect(
         hvd.ConfigurationError,
         "only hvdkit.Average and hvdkit.Sum",
