@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 
 import tensorflow as tf
 
@@ -46,9 +47,22 @@ RTOL = 1e-6  # relative spread of a fingerprint still counted as equal
 _POSITION_WEIGHTS = 97  # position i weighs (i % 97) + 1: a permutation changes the sum
 _SHOWN = 5  # variables named in a message
 
-# ids of a variable list -> its check: True (passed, or off), or the step counter of
-# the deferred graph check
-_checks: dict[tuple[int, ...], object] = {}
+# ids of a variable list -> (weak references to the variables, its check): the check
+# is True (passed, or off) or the step counter of the deferred graph check. The weak
+# references tell a list apart from a later one whose variables reuse freed ids.
+_checks: dict[tuple[int, ...], tuple[list, object]] = {}
+
+
+def state(variables) -> object:
+    """The check of ``variables``: ``None`` (not made), ``True`` (done) or its step counter."""
+    entry = _checks.get(tuple(id(v) for v in variables))
+    if entry is None or any(ref() is not v for ref, v in zip(entry[0], variables, strict=True)):
+        return None
+    return entry[1]
+
+
+def _remember(variables, value) -> None:
+    _checks[tuple(id(v) for v in variables)] = ([weakref.ref(v) for v in variables], value)
 
 
 def _fingerprints(variables) -> tuple[tf.Tensor, tf.Tensor]:
@@ -103,27 +117,27 @@ def check(variables, process_set, n: int) -> list[tf.Operation]:
             (in a graph: ``tf.errors.InvalidArgumentError`` with the same message).
     """
     variables = [v for v in variables if hasattr(v, "assign") and hasattr(v, "dtype")]
-    key = tuple(id(v) for v in variables)
-    if not variables or _checks.get(key) is True:
+    if not variables or state(variables) is True:
         return []
     mode = config.same_start()
     if mode == "off" or config.get(config.ELASTIC_DIR):
-        _checks[key] = True
+        _remember(variables, True)
         return []
-    if key not in _checks:
+    if state(variables) is None:
         with tf.init_scope():  # eagerly, even while a tf.function is traced
             if not bool(tf.reduce_any(_differing(variables, process_set, "hvdkit.same_start"))):
-                _checks[key] = True
+                _remember(variables, True)
                 return []
-            _checks[key] = tf.Variable(0, dtype=tf.int64, trainable=False, name="same_start")
-    counter = _checks[key]
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="same_start")
+            _remember(variables, counter)
+    counter = state(variables)
     names = [
         getattr(v, "path", None) or getattr(v, "name", str(i)) for i, v in enumerate(variables)
     ]
     if tf.executing_eagerly():  # a loop without tf.function: plain Python
         if int(counter.numpy()) == 1:
             bad = _differing(variables, process_set, "hvdkit.same_start_2").numpy()
-            _checks[key] = True
+            _remember(variables, True)
             if bad.any():
                 text = _message(_names([m for m, b in zip(names, bad, strict=True) if b]), n)
                 if mode == "error":

@@ -133,12 +133,13 @@ def test_scheduler_worker_launch_names_the_stuck_rank(tmp_path):
     assert all(c != 0 for c in codes), (codes, everything[-3000:])
     assert "rank 1 failed: ranks stuck in different collectives" in sched_out, sched_out[-3000:]
     assert "rank 1 waits in gradient allreduce (step 3)" in sched_out, sched_out[-3000:]
-    meanwhile = "rank 0 is in no hvdkit collective (busy in its own code; 3 done) meanwhile"
+    # 4 done: 3 steps' gradient allreduces and hvdkit's same-start check at the first
+    meanwhile = "rank 0 is in no hvdkit collective (busy in its own code; 4 done) meanwhile"
     assert meanwhile in sched_out, sched_out[-3000:]
     final = [ln for ln in sched_out.splitlines() if "job failed: rank 1 " in ln]
     assert len(final) == 1, sched_out[-3000:]
     assert final[0].endswith(
-        "Meanwhile rank 0 is in no hvdkit collective (busy in its own code; 3 done); "
+        "Meanwhile rank 0 is in no hvdkit collective (busy in its own code; 4 done); "
         "its last lines:"
     ), final
     assert "diverging at step 3" in everything
