@@ -175,8 +175,12 @@ def init(backend: str | None = None, **kwargs) -> None:
         _progress.start_watchdog(stall_timeout(), runtime.rank())
 
 
+# Horovod's private names that its own test files call through `hvd.`; not public here.
+_HOROVOD_PRIVATE = {"_executing_eagerly": "probes"}
+
+
 def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
+    module_name = _EXPORTS.get(name) or _HOROVOD_PRIVATE.get(name)
     if module_name is None:
         raise AttributeError(f"module 'hvdkit' has no attribute {name!r}")
     module = importlib.import_module(f".{module_name}", __name__)

@@ -79,6 +79,11 @@ def ddl_built() -> bool:
     return bool(build_flags()["ddl"])
 
 
+def _executing_eagerly() -> bool:
+    """Horovod's private helper (``hvd._executing_eagerly()`` in its tests): TF runs eagerly."""
+    return tf.executing_eagerly()
+
+
 def gpu_available(ext_base_name: str = "tensorflow", verbose: bool = False) -> bool:
     """Whether the framework ``ext_base_name`` runs with a GPU here (Horovod's function).
 
