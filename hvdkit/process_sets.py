@@ -214,6 +214,15 @@ def resolve(
             "hvdkit.add_process_set first"
         )
         raise ConfigurationError(f"{what}: {process_set} {how}.")
+    ps_id = process_set.process_set_id
+    if ps_id and _registered.get(ps_id) is not process_set:
+        # e.g. an id set by hand (Horovod: ValueError; its test does this)
+        _by_id(ps_id, what)  # names the registered ids if unknown
+        raise ConfigurationError(
+            f"{what}: {process_set} carries the id of another registered set, "
+            f"{_registered[ps_id]}; pass the ProcessSet object that "
+            "init(process_sets=[...]) or add_process_set registered."
+        )
     if member and process_set.process_set_id and runtime.rank() not in process_set.ranks:
         raise not_member(
             f"{what}: rank {runtime.rank()} is not in {process_set}; only its ranks may call a "

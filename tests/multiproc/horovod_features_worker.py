@@ -94,6 +94,13 @@ with c.check("collective_on_a_set_this_rank_is_not_in_is_refused"):
         lambda: hvd.allgather(x, process_set=other),
     ):
         expect(tf.errors.InvalidArgumentError, f"rank {r} is not in ProcessSet", call)
+    fake = hvd.ProcessSet([0])
+    fake.process_set_id = 10  # an id set by hand: Horovod's ValueError, ours too
+    expect(
+        ValueError,
+        "process_set_id=10 is not a registered process set",
+        lambda: hvd.allreduce(x, process_set=fake),
+    )
     expect(
         hvd.ConfigurationError,
         f"root_rank={1 - r} is not in",
