@@ -354,10 +354,10 @@ def test_scheduler_names_a_worker_that_was_killed(tmp_path):
     train = [PY, TRAIN, str(tmp_path), "--steps", "400"]
     workers = [start([WORKERS_SH, "1", *train], env, tmp_path) for _ in range(2)]
     deadline = time.monotonic() + HANG_S
-    while not all((tmp_path / f"pid.rank{r}").exists() for r in (0, 1)):
-        assert time.monotonic() < deadline, "ranks did not start"
+    # both ranks are training (each wrote its marker after its third step) before the kill
+    while not all((tmp_path / f"trained.rank{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline, "ranks did not start training"
         time.sleep(0.2)
-    time.sleep(2)
     supervisor = psutil.Process(pids(tmp_path)[1]).parent()  # rank 1's worker process
     supervisor.kill()
     results = [finish(p) for p in [sched, *workers]]

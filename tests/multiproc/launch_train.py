@@ -3,7 +3,8 @@
     <launcher> python launch_train.py OUTDIR [--steps N]
         [--fault kill|stop|exit --fault-rank R --fault-step S]
 
-Writes OUTDIR/pid.rank<r> at start and OUTDIR/weights.rank<r>.npy at the end.
+Writes OUTDIR/pid.rank<r> at start, OUTDIR/trained.rank<r> after its third step
+and OUTDIR/weights.rank<r>.npy at the end.
 """
 
 import argparse
@@ -65,6 +66,8 @@ for s in range(args.steps):
         else:
             sys.exit(7)
     loss = step(x[s], y[s])
+    if s == 2:  # a test may wait for this instead of sleeping: the job is training
+        open(os.path.join(args.outdir, f"trained.rank{r}"), "w").close()
     time.sleep(args.step_sleep)
 print(f"rank {r} final loss {float(loss):.6f}", flush=True)
 np.save(

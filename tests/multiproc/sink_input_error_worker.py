@@ -1,13 +1,15 @@
 """Sink mode on 2 ranks: rank 1's input pipeline fails inside a sink.
 
-Rank 1 cannot produce step 3's batch. It records its error, stays alive 3 s
-(so rank 0 can only be released by hvdkit shutting rank 1's runtime down, not
-by rank 1's exit), records when it leaves, then re-raises: the job ends
+Rank 1 cannot produce step 3's batch. It records its error and stays alive
+until rank 0 has failed too (rank 0 leaves a marker file; at most 120 s), so
+rank 0 can only be released by hvdkit shutting rank 1's runtime down, not by
+rank 1's exit; then it records when it leaves and re-raises: the job ends
 non-zero. Rank 0 records where and when it failed.
 
 Usage: sink_input_error_worker.py OUTDIR
 """
 
+import os
 import sys
 import time
 
@@ -45,9 +47,16 @@ except (InputPipelineError, tf.errors.OpError) as exc:
     c.record("message", str(exc))
     c.record("notes", getattr(exc, "__notes__", []))
     c.record("initialized_after", hvd.is_initialized())
+    released = os.path.join(sys.argv[1], "rank0_failed")
     if r == 1:
-        time.sleep(3)
+        # Stay alive until rank 0 has failed (an ordering hook, not a sleep): if only
+        # rank 1's exit could release rank 0, rank 0 never writes the marker and rank 1
+        # leaves after the bound, before rank 0 fails, and the test sees that order.
+        deadline = time.monotonic() + 120
+        while not os.path.exists(released) and time.monotonic() < deadline:
+            time.sleep(0.05)
         c.record("left_at", time.time())
         raise
+    open(released, "w").close()
     sys.exit(0)
 raise AssertionError("the input error was not raised")
