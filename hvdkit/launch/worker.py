@@ -116,7 +116,7 @@ def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int,
 
     None: the scheduler is gone, or a signal told this worker to stop.
     """
-    inbox = _Inbox(ch)
+    job = _Job(ch, _Inbox(ch), sched_host, token, command, stall, out)
     code, said, msg = 1, "", first
     with processes.stop_signals() as signals:
         while msg is not None and msg.get("type") != "done":
@@ -127,12 +127,10 @@ def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int,
                 how = f"{said} before" if code != 0 else "ended before"
                 _report(ch, int(msg["round"]), code, f"{how} the job's new world formed", [])
             elif msg.get("type") == "assign":
-                code, said = _run_program(
-                    ch, inbox, msg, sched_host, token, command, stall, out, signals
-                )
+                code, said = _run_program(job, msg, signals)
                 if signals:  # told to stop: no next round for this worker (0: it had finished)
                     return (code if code in (0, config.EXIT_PREEMPTED) else 1), None
-            msg = inbox.next()
+            msg = job.inbox.next()
     return code, msg
 
 
@@ -455,52 +453,153 @@ def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
     return found
 
 
-def _run_program(
-    ch, inbox, assign, sched_host, token, command, stall, out, signals
-) -> tuple[int, str]:
-    """Run ``command`` as the rank of one round, report how it ended; (its status, how)."""
-    rank, round_ = assign["rank"], int(assign.get("round", 0))
-    try:
-        iface = interface_for(ch.sock.getsockname()[0])
-    except LaunchError as exc:
-        _report(ch, round_, 1, str(exc), [])
-        raise
-    env = processes.program_env({k: v for k, v in os.environ.items() if k not in _ROLE_VARS})
-    env.update(horovod_env(assign, sched_host, iface))
-    env[config.RESTART_COUNT] = str(round_)
-    for key, value in horovod_stall_env(stall).items():  # alive but stuck, not frozen
-        env.setdefault(key, value)
-    log.info(
-        "rank %d of %d (local %d of %d) on %s%s",
-        rank,
-        assign["size"],
-        assign["local_rank"],
-        assign["local_size"],
-        iface,
-        f", restart {round_}" if round_ else "",
-    )
-    # The program's heartbeats come to this worker (same machine), which stops
-    # a frozen program after the stall timeout and reports it.
-    monitor = HeartbeatMonitor(token, bind_host="127.0.0.1")
-    env[config.MONITOR_ADDR] = monitor_addr("127.0.0.1", monitor.port, monitor.receiver)
-    env[config.JOB_TOKEN] = token
-    elastic = _ElasticHandover(assign, env) if assign.get("elastic") else None
-    running = _Round(round_, [], monitor)
-    reasons = running.reasons
-    inbox.running(running)
-    forward = SigtermForwarding(config.preempt_grace(), log.warning, f"worker (rank {rank})")
+@dataclass(frozen=True)
+class _Job:
+    """What every round's run of this worker's program shares."""
 
-    def on_tick():
-        if reasons:
+    ch: Channel
+    inbox: _Inbox
+    sched_host: str
+    token: str
+    command: list[str]
+    stall: float
+    out: RankOutput
+
+
+def _run_program(job: _Job, assign: dict, signals: list[str]) -> tuple[int, str]:
+    """Run the program as the rank of one round, report how it ended; (its status, how)."""
+    return _ProgramRun(job, assign, signals).run()
+
+
+class _ProgramRun:
+    """One round's run of the program, in steps: environment, start, supervision, report.
+
+    While the program runs, each tick of the supervision
+    (:func:`~hvdkit.launch.processes.supervise`) takes two separate steps:
+
+    * :meth:`_relay_elastic` (elastic jobs): what the program says in its
+      hand-over folder (ready, resumed, finished) goes to the scheduler; what
+      the scheduler says (go, a new world) goes into the folder;
+    * :meth:`_forward_signals`: this worker's signals and the scheduler's
+      ``preempt`` reach the program; it returns why to stop it, if it must.
+
+    The reasons to stop are the round's (:class:`_Round`), which the inbox
+    thread fills too; only :meth:`_tick` adds to them.
+    """
+
+    def __init__(self, job: _Job, assign: dict, signals: list[str]):
+        self.job, self.assign, self.signals = job, assign, signals
+        self.rank = assign["rank"]
+        self.first_round = int(assign.get("round", 0))
+        self.iface = ""
+        self.monitor: HeartbeatMonitor | None = None
+        self.elastic: _ElasticHandover | None = None
+        self.running = _Round(self.first_round, [], None)
+        self.forward = SigtermForwarding(
+            config.preempt_grace(), log.warning, f"worker (rank {self.rank})"
+        )
+        self.child = None
+
+    def run(self) -> tuple[int, str]:
+        env = self._environment()
+        try:
+            ended, preempted = self._start_and_supervise(env)
+        finally:
+            self.job.inbox.running(None)
+            self.monitor.close()
+            if self.elastic is not None:
+                self.elastic.close()
+        return self._report(ended, preempted)
+
+    # ------------------------------------------------------------ before the start
+    def _environment(self) -> dict[str, str]:
+        """The program's environment; opens the heartbeat monitor and the hand-over folder."""
+        job, assign, round_ = self.job, self.assign, self.first_round
+        try:
+            self.iface = interface_for(job.ch.sock.getsockname()[0])
+        except LaunchError as exc:
+            _report(job.ch, round_, 1, str(exc), [])
+            raise
+        env = processes.program_env({k: v for k, v in os.environ.items() if k not in _ROLE_VARS})
+        env.update(horovod_env(assign, job.sched_host, self.iface))
+        env[config.RESTART_COUNT] = str(round_)
+        for key, value in horovod_stall_env(job.stall).items():  # alive but stuck, not frozen
+            env.setdefault(key, value)
+        log.info(
+            "rank %d of %d (local %d of %d) on %s%s",
+            self.rank,
+            assign["size"],
+            assign["local_rank"],
+            assign["local_size"],
+            self.iface,
+            f", restart {round_}" if round_ else "",
+        )
+        # The program's heartbeats come to this worker (same machine), which stops
+        # a frozen program after the stall timeout and reports it.
+        self.monitor = HeartbeatMonitor(job.token, bind_host="127.0.0.1")
+        env[config.MONITOR_ADDR] = monitor_addr(
+            "127.0.0.1", self.monitor.port, self.monitor.receiver
+        )
+        env[config.JOB_TOKEN] = job.token
+        if assign.get("elastic"):
+            self.elastic = _ElasticHandover(assign, env)
+        self.running.monitor = self.monitor
+        job.inbox.running(self.running)
+        return env
+
+    # ------------------------------------------------------------ while it runs
+    def _start_and_supervise(self, env: dict[str, str]):
+        """Start the program and watch it until it ends; (how it ended, preempted step)."""
+        job = self.job
+        try:
+            # A rank whose worker died must die too: SIGTERM would ask it to checkpoint
+            # and stop the whole job (a preemption), and it would train on meanwhile.
+            self.child = processes.spawn(job.command, env, parent_death=signal.SIGKILL)
+        except OSError as exc:
+            detail = f"cannot start {job.command[0]!r}: {exc.strerror}"
+            _report(job.ch, self.first_round, 127, detail, [])
+            raise LaunchError(detail) from None
+        pumps = [
+            job.out.pump(self.child.stdout, "stdout", rank=self.rank),
+            job.out.pump(self.child.stderr, "stderr", rank=self.rank),
+        ]
+        # In an elastic job a frozen peer is stopped by its own worker after the stall
+        # timeout, and then every other rank's collective fails and they go on
+        # in-process: waiting that long in a collective is not yet "stuck" here.
+        stuck = 2 * job.stall if self.elastic is not None else job.stall
+        ended = processes.supervise(
+            self.child,
+            self.monitor,
+            job.stall,
+            self.running.reasons,
+            on_tick=self._tick,
+            on_stop=self._on_stop,
+            stuck_s=stuck,
+        )
+        for t in pumps:
+            t.join(timeout=5)
+        return ended, preempted_step(self.monitor)
+
+    def _tick(self) -> None:
+        if self.running.reasons:
             return
-        ready = elastic.newly_ready() if elastic is not None else None
+        if self.elastic is not None:
+            self._relay_elastic()
+        reason = self._forward_signals()
+        if reason is not None:
+            self.running.reasons.append(reason)
+
+    def _relay_elastic(self) -> None:
+        """The hand-over folder's news to the scheduler; the scheduler's word into the folder."""
+        ch, elastic, running, rank = self.job.ch, self.elastic, self.running, self.rank
+        ready = elastic.newly_ready()
         if ready is not None:
             log.info("rank %d is ready for round %d", rank, ready)
             _send(ch, type=protocol.READY, round=ready)
-        resumed = elastic.newly_resumed() if elastic is not None else None
+        resumed = elastic.newly_resumed()
         if resumed is not None:
             _send(ch, type=protocol.RESUMED, round=resumed[0], step=resumed[1])
-        finished = elastic.newly_finished() if elastic is not None else None
+        finished = elastic.newly_finished()
         if finished is not None:
             log.info("rank %d finished training (round %d)", rank, finished)
             _send(ch, type=protocol.FINISHED, round=finished)
@@ -512,75 +611,61 @@ def _run_program(
             if elastic.finished is not None:  # it will not read it: no new world for it
                 log.info("rank %d finished training: it stays out of round %d", rank, new["round"])
                 continue
-            monitor.forget()
-            elastic.hand_over(new, horovod_env(new, sched_host, iface))
-        others = [s for s in signals if s != "SIGTERM"]
+            self.monitor.forget()
+            elastic.hand_over(new, horovod_env(new, self.job.sched_host, self.iface))
+
+    def _forward_signals(self) -> str | None:
+        """Pass SIGTERM (or the scheduler's preempt) on to the ranks; why to stop now, if so."""
+        others = [s for s in self.signals if s != "SIGTERM"]
         if others:  # Ctrl-C, SIGHUP: stop now
-            reasons.append(f"received {others[0]}")
-        elif ("SIGTERM" in signals or running.preempt) and not forward.tick(
-            _ranks(child, monitor), finished=_finished(monitor)
+            return f"received {others[0]}"
+        term = "SIGTERM" in self.signals
+        if (term or self.running.preempt) and not self.forward.tick(
+            _ranks(self.child, self.monitor), finished=_finished(self.monitor)
         ):
-            reasons.append("received SIGTERM" if "SIGTERM" in signals else running.preempt[0])
+            return "received SIGTERM" if term else self.running.preempt[0]
+        return None
 
-    def on_stop(stalled):
+    def _on_stop(self, stalled) -> None:
         if stalled:
-            log.error("rank %d stalled: no heartbeat for %.0f s; stopping it", rank, stalled[0][1])
+            log.error(
+                "rank %d stalled: no heartbeat for %.0f s; stopping it", self.rank, stalled[0][1]
+            )
 
-    try:
-        try:
-            # A rank whose worker died must die too: SIGTERM would ask it to checkpoint
-            # and stop the whole job (a preemption), and it would train on meanwhile.
-            child = processes.spawn(command, env, parent_death=signal.SIGKILL)
-        except OSError as exc:
-            detail = f"cannot start {command[0]!r}: {exc.strerror}"
-            _report(ch, round_, 127, detail, [])
-            raise LaunchError(detail) from None
-        pumps = [
-            out.pump(child.stdout, "stdout", rank=rank),
-            out.pump(child.stderr, "stderr", rank=rank),
-        ]
-        # In an elastic job a frozen peer is stopped by its own worker after the stall
-        # timeout, and then every other rank's collective fails and they go on
-        # in-process: waiting that long in a collective is not yet "stuck" here.
-        stuck = 2 * stall if elastic is not None else stall
-        ended = processes.supervise(
-            child, monitor, stall, reasons, on_tick=on_tick, on_stop=on_stop, stuck_s=stuck
-        )
-        for t in pumps:
-            t.join(timeout=5)
-        preempted = preempted_step(monitor)
-    finally:
-        inbox.running(None)
-        monitor.close()
-        if elastic is not None:
-            elastic.close()
-    round_ = running.number  # the last round the program ran in
-    code = ended.returncode
-    if preempted is not None:
-        code, detail = config.EXIT_PREEMPTED, f"preempted after step {preempted}"
-        log.warning("rank %d stopped after step %d for a preemption", rank, preempted)
+    # ------------------------------------------------------------ after it ended
+    def _report(self, ended, preempted: int | None) -> tuple[int, str]:
+        """Tell the scheduler how the program ended; (the worker's status for it, how)."""
+        ch, out, rank, stall = self.job.ch, self.job.out, self.rank, self.job.stall
+        round_ = self.running.number  # the last round the program ran in
+        code = ended.returncode
+        if preempted is not None:
+            code, detail = config.EXIT_PREEMPTED, f"preempted after step {preempted}"
+            log.warning("rank %d stopped after step %d for a preemption", rank, preempted)
+            _report(ch, round_, code, detail, out.tail(rank))
+            out.reset_tails()
+            return code, detail
+        if ended.stalled:
+            silent = ended.stalled[0][1]
+            detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"
+            code = code if code > 0 else 1
+        elif ended.stuck:
+            detail = ended.stuck
+            log.error("rank %d stopped: %s", rank, detail)
+            code = code if code > 0 else 1
+        else:
+            detail = describe_exit(code)
+        if ended.reasons and not ended.stalled:
+            log.error("rank %d stopped: %s", rank, ended.reasons[0])
         _report(ch, round_, code, detail, out.tail(rank))
         out.reset_tails()
-        return code, detail
-    if ended.stalled:
-        silent = ended.stalled[0][1]
-        detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"
-        code = code if code > 0 else 1
-    elif ended.stuck:
-        detail = ended.stuck
-        log.error("rank %d stopped: %s", rank, detail)
-        code = code if code > 0 else 1
-    else:
-        detail = describe_exit(code)
-    if ended.reasons and not ended.stalled:
-        log.error("rank %d stopped: %s", rank, ended.reasons[0])
-    _report(ch, round_, code, detail, out.tail(rank))
-    out.reset_tails()
-    if code == 0 and signals:  # this worker was told to stop: was the program's work over?
-        if not ended.reasons and forward.ended_after_the_end(signals, _finished(monitor)):
-            log.info("rank %d had finished when SIGTERM came: its worker ends with 0", rank)
-            return 0, detail
-        return 1, detail
-    if code == 0:
-        return (1 if ended.reasons else 0), detail
-    return (code if code > 0 else 1), detail
+        signals = self.signals
+        if code == 0 and signals:  # this worker was told to stop: was the program's work over?
+            if not ended.reasons and self.forward.ended_after_the_end(
+                signals, _finished(self.monitor)
+            ):
+                log.info("rank %d had finished when SIGTERM came: its worker ends with 0", rank)
+                return 0, detail
+            return 1, detail
+        if code == 0:
+            return (1 if ended.reasons else 0), detail
+        return (code if code > 0 else 1), detail
