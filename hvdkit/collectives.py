@@ -648,7 +648,7 @@ def broadcast_variables(
     root_rank: int = 0,
     process_set: ProcessSet | None = None,
     inplace: bool = False,
-) -> None:
+) -> tf.Operation | None:
     """Overwrite ``variables`` in place with their values on ``root_rank``.
 
     Args:
@@ -657,6 +657,10 @@ def broadcast_variables(
         inplace: use :func:`broadcast_` (one fused in-place exchange) instead
             of one broadcast and assign per variable; same result.
 
+    Returns:
+        As Horovod: ``None`` when run eagerly; in a graph, the op that
+        assigns the broadcast values (``tf.group`` of the assignments).
+
     Example:
         >>> hvdkit.broadcast_variables(model.variables, root_rank=0)
     """
@@ -664,7 +668,8 @@ def broadcast_variables(
     _check_root(root_rank, "broadcast_variables", ps)
     if inplace:
         broadcast_(variables, root_rank, process_set=ps)
-        return
+        return None
+    assigns = []
     for i, var in enumerate(variables):
         t = tf.convert_to_tensor(var)
         label = f"broadcast_variables[{i}] {getattr(var, 'path', getattr(var, 'name', ''))}"
@@ -677,7 +682,8 @@ def broadcast_variables(
             ),
             ps,
         )
-        var.assign(out)
+        assigns.append(var.assign(out))
+    return tf.group(*assigns)
 
 
 def _check_scatterable(t: tf.Tensor, what: str) -> None:
