@@ -16,6 +16,7 @@ CHECKS = [
     "keras_state_sync_restore_commit",
     "tensorflow_and_object_state",
     "run_with_state_callbacks_resumes_mid_epoch_exactly",
+    "keras_state_with_a_sampler_commits_its_position",
     "bad_input_is_refused",
 ]
 

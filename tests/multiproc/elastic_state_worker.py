@@ -114,6 +114,24 @@ with c.check("run_with_state_callbacks_resumes_mid_epoch_exactly"):
     both = hvd.allgather_object(flat.tolist())
     np.testing.assert_array_equal(both[0], both[1])  # synced first, same gradients after
 
+with c.check("keras_state_with_a_sampler_commits_its_position"):
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    sampler = hvd.data.ShardSampler(40, shuffle=True, seed=3)  # 20 samples a rank
+    sampler.advance(2 * r)  # the ranks disagree before the sync
+    state = hvd.elastic.KerasState(net, sampler=sampler, epoch=0)
+    state.sync()  # rank 0's position (0), on every rank
+    assert (sampler.position, sampler.cursor) == (0, 0)
+    sampler.advance(8)
+    state.commit()
+    sampler.advance(4)
+    state.restore()
+    assert (sampler.position, sampler.cursor) == (8, 16)  # the commit's, not 12
+    state.sync()  # same world: the same shards and position
+    assert (sampler.num_shards, sampler.shard_id, sampler.position) == (2, r, 8)
+    first = sampler.indices()[sampler.position]
+    seen = hvd.allgather_object(int(first))
+    assert len(set(seen)) == 2  # each rank reads its own shard on from there
+
 with c.check("bad_input_is_refused"):
     unbuilt = keras.Sequential([keras.layers.Dense(2)])
     for call, words in [
