@@ -38,11 +38,11 @@ say() { printf '[matrix] %s\n' "$*"; }
 
 # A Horovod build takes both cores for minutes: start one only on a quiet machine. Waits
 # while the 1-minute load average is >= HVDKIT_MATRIX_MAX_LOAD (default 3), at most
-# HVDKIT_MATRIX_WAIT seconds (default 1200), then builds anyway and says so in the row.
+# HVDKIT_MATRIX_WAIT seconds (default 1200); then the row is skipped, saying so.
 wait_for_quiet() {
     local max="${HVDKIT_MATRIX_MAX_LOAD:-3}" limit="${HVDKIT_MATRIX_WAIT:-1200}" waited=0
     while awk -v m="$max" '{exit !($1 >= m)}' /proc/loadavg; do
-        if ((waited >= limit)); then say "still busy after ${waited} s: building anyway"; return 1; fi
+        if ((waited >= limit)); then say "still busy after ${waited} s: no build"; return 1; fi
         ((waited == 0)) && say "load $(cut -d' ' -f1 /proc/loadavg) >= $max: waiting to build"
         sleep 30; waited=$((waited + 30))
     done
@@ -89,7 +89,12 @@ run_row() {
         local cached
         cached="$("$py" -c 'from hvdkit import install_horovod as i
 print(i.cached_wheel(i.cache_dir(next(iter(i.tensorflow_distributions().values())))) or "")')"
-        if [[ -z "$cached" ]] && ! wait_for_quiet; then note="built on a busy machine"; fi
+        if [[ -z "$cached" ]] && ! wait_for_quiet; then
+            note="not built: load >= ${HVDKIT_MATRIX_MAX_LOAD:-3} for ${HVDKIT_MATRIX_WAIT:-1200} s"
+            installed=false
+        fi
+    fi
+    if $installed; then
         t0=$SECONDS
         if "$py" -m hvdkit.install_horovod "${any[@]}" >>"$log" 2>&1; then
             build_s=$((SECONDS - t0))
