@@ -1,13 +1,14 @@
 """A real Slurm cluster on this machine: munged, slurmctld and two slurmd nodes (n1, n2).
 
-Each node runs in its own network namespace (its own address on a bridge, as a
-machine on a switch), its own UTS namespace (its host name is the node's name)
-and its own mount namespace, where its own ``/tmp`` (Slurm's ``TmpFS``; two
-nodes sharing one collide in PMIx's folder) and an ``/etc/hosts`` that names
-every node are mounted. The controller and munged run in this machine's
+Each node runs in its own network namespace (its own address on a bridge, as a machine
+on a switch), its own UTS namespace (its host name is the node's name) and its own mount
+namespace, where its own ``TmpFS`` folder (two nodes sharing one collide in PMIx's
+folder) and an ``/etc/hosts`` that names every node are mounted. ``/tmp`` itself stays
+the machine's: a repository cloned there (as CI does) must be visible on every node, as
+a shared file system would be. The controller and munged run in this machine's
 namespaces; everything is started from Debian's ``slurm-wlm`` and ``munge``
-(``scripts/install.sh``) with a generated ``slurm.conf`` in one folder, which is
-also the cluster's shared file system (jobs' scripts, outputs, checkpoints).
+(``scripts/install.sh``) with a generated ``slurm.conf`` in one folder, which is also
+the cluster's shared file system (jobs' scripts, outputs, checkpoints).
 
 Pitfalls met on the way (issue 39): ``ip netns exec`` remounts ``/sys`` and
 Slurm 22.05's ``slurmd`` then fails ("Unable to initialize cgroup plugin"), so
@@ -99,7 +100,7 @@ class SlurmCluster:
 
     Attributes:
         root: the cluster's folder (config, logs, state; also the jobs' shared
-            file system, outside ``/tmp`` since each node has its own ``/tmp``).
+            file system; each node mounts its own ``node-tmp``, Slurm's ``TmpFS``).
         addresses: node name -> its address; ``controller_addr`` the controller's.
         env: the environment for Slurm's commands (``SLURM_CONF``), also passed to jobs.
     """
@@ -192,7 +193,14 @@ class SlurmCluster:
         key = r / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        for sub in ("state", "spool", "log", "shared", *(f"{n}-tmp" for n in self.nodes)):
+        for sub in (
+            "state",
+            "spool",
+            "log",
+            "shared",
+            "node-tmp",
+            *(f"{n}-tmp" for n in self.nodes),
+        ):
             (r / sub).mkdir()
         for n in self.nodes:
             (r / f"{n}-tmp").chmod(0o1777)
@@ -228,7 +236,7 @@ class SlurmCluster:
             "SchedulerType=sched/builtin",
             f"MpiDefault={self.mpi_default}",
             "ReturnToService=2",
-            "TmpFS=/tmp",
+            f"TmpFS={r / 'node-tmp'}",  # each node mounts its own folder here
             "JobRequeue=0",
             *(f"{k}={v}" for k, v in TIMINGS.items()),
             *(
@@ -244,7 +252,7 @@ class SlurmCluster:
     def _start_node(self, node: str) -> None:
         r = self.root
         inside = (
-            f"hostname {node} && mount --bind {r / (node + '-tmp')} /tmp && "
+            f"hostname {node} && mount --bind {r / (node + '-tmp')} {r / 'node-tmp'} && "
             f"mount --bind {r / 'hosts'} /etc/hosts && "
             f"exec slurmd -D -N {node} -f {self.conf}"
         )
