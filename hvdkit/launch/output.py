@@ -360,9 +360,30 @@ def tag_pipe(fd: int, dst: IO[str], tag: str) -> None:
                 out.append(tag + piece)
         try:
             if out:
-                dst.write("".join(out))
-                dst.flush()
+                _write_whole("".join(out), dst)
         except (OSError, ValueError):
             pass  # our reader is gone: keep draining so the rank never blocks
         if not data:
             return
+
+
+# All tag_pipe threads of a process (one per rank and stream) write to the same
+# console. Under PYTHONUNBUFFERED=1 that console has no buffer of its own, and
+# the kernel interleaves two threads' writes larger than a pipe's atomic size
+# (4 KiB), cutting a tagged line in two: hence one lock and whole writes.
+_WRITE_LOCK = threading.Lock()
+
+
+def _write_whole(text: str, dst: IO[str]) -> None:
+    """Write ``text`` to ``dst`` in one piece with respect to the other relays."""
+    with _WRITE_LOCK:
+        try:
+            fd = dst.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream of Python objects (notebooks)
+            dst.write(text)
+            dst.flush()
+            return
+        dst.flush()
+        data = text.encode(getattr(dst, "encoding", None) or "utf-8", errors="replace")
+        while data:  # os.write may write part of it (a signal, a full pipe)
+            data = data[os.write(fd, data) :]

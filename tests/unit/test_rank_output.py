@@ -207,6 +207,53 @@ def test_tag_pipe_tags_lines_and_updates_and_takes_any_bytes():
     assert dst.getvalue() == "[0]<stdout>:a\r[0]<stdout>:b\n[0]<stdout>:\ufffdc"
 
 
+def test_tag_pipes_of_many_ranks_never_cut_each_others_lines_on_an_unbuffered_console():
+    # horovodrun runs one tag_pipe thread per rank and stream, all writing to one
+    # console; under PYTHONUNBUFFERED=1 it has no buffer, and writes over 4 KiB to a
+    # pipe that a slower reader drains are interleaved by the kernel unless the
+    # relays take turns (the CI of bd6a879 lost the end of a line this way).
+    import os
+    import threading
+    import time
+
+    from hvdkit.launch.output import tag_pipe
+
+    ranks, lines = 4, 5000
+    r_out, w_out = os.pipe()
+    console = io.TextIOWrapper(io.FileIO(w_out, "w"), encoding="utf-8", write_through=True)
+    received = []
+
+    def slow_reader():
+        while data := os.read(r_out, 3000):
+            received.append(data)
+            time.sleep(0.0001)
+
+    def rank_program(fd, rank):
+        for i in range(lines):
+            os.write(fd, f"rank {rank} line {i} {'x' * 40}\n".encode())
+        os.close(fd)
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    threads = []
+    for rank in range(ranks):
+        r, w = os.pipe()
+        threads.append(threading.Thread(target=rank_program, args=(w, rank)))
+        threads.append(threading.Thread(target=tag_pipe, args=(r, console, f"[{rank}]<stdout>:")))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    console.close()
+    reader.join()
+    os.close(r_out)
+    got = b"".join(received).decode().splitlines()
+    for rank in range(ranks):
+        mine = [ln for ln in got if ln.startswith(f"[{rank}]<stdout>:")]
+        assert mine == [f"[{rank}]<stdout>:rank {rank} line {i} {'x' * 40}" for i in range(lines)]
+    assert len(got) == ranks * lines
+
+
 # Any bytes, cut anywhere: tag_pipe (the Gloo side) and RankOutput (hvdkitrun's side)
 # together put into the log exactly what a UTF-8 decoder with replacement reads,
 # with the text of each line as it stands after its last carriage return.
