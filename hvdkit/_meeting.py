@@ -33,7 +33,7 @@ import json
 import os
 import time
 
-from . import config
+from . import _phases, config
 
 ASSIGN, READY, GO, RESUMED, FINISHED = "assign.json", "ready", "go", "resumed", "finished"
 POLL_S = 0.02
@@ -111,6 +111,7 @@ def meet(folder: str, round_: int, deadline: float) -> int:
     Raises:
         TimeoutError: no go by ``deadline`` (a :func:`time.monotonic` value).
     """
+    _phases.enter("meet")
     write(folder, READY, str(round_))
     while True:
         if (read_round(folder, GO) or -1) >= round_:

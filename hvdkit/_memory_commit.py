@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from . import _compat, collectives, runtime
+from . import _compat, _phases, collectives, runtime
 from .errors import HvdkitError
 
 if TYPE_CHECKING:
@@ -106,6 +106,7 @@ class MemoryCommit:
         if runtime.size() > 1:
             header = collectives.broadcast_object(header, 0)
             collectives.broadcast_variables(variables, 0)
+        _phases.enter("reshard")
         ckpt = self.ckpt
         if ckpt.sampler is not None:
             ckpt.sampler.num_shards, ckpt.sampler.shard_id = runtime.size(), runtime.rank()

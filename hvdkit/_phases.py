@@ -2,20 +2,27 @@
 
 hvdkit calls :func:`enter` as a rank (or its worker) begins each phase of
 :data:`PHASES`. Nothing happens unless the process was started with
-``HVDKIT_PHASE_HOOK=<folder>``; then a test aims one fault at one phase by
-writing a *trap* into that folder, and the first process to enter the phase
-(optionally: with a given rank) takes it:
+``HVDKIT_PHASE_HOOK=<folder>`` (:data:`ACTIVE`); then a test aims one fault
+at one phase by writing a *trap* into that folder, and the first process to
+enter the phase (optionally: with a given rank or pid) takes it:
 
 * ``<folder>/trap``: JSON ``{"phase": "init", "action": "stop", "rank": 1,
-  "after": 0}``: the phase, the action (below), the rank that must take it
-  (``null``: any) and how many matching entries to let pass first.
+  "pid": null, "after": 0}``: the phase, the action (below), the rank and the
+  pid that must take it (``null``: any) and how many matching entries of this
+  process to let pass first.
 * the taker renames ``trap`` to ``taken.<pid>`` (a rename is atomic: one taker),
-  writes ``hit`` (JSON: phase, rank, pid, the world size) and acts:
+  writes ``hit`` (JSON: phase, rank, size, pid, the launcher's round, time)
+  and acts:
 
   - ``"kill"``: SIGKILL itself; ``"stop"``: SIGSTOP itself (frozen);
   - ``"exit"``: ``os._exit(1)``;
-  - ``"pause"``: wait until ``<folder>/release`` exists, so that the test can
+  - ``"pause"``: wait until ``<folder>/release.<pid>`` exists, so that the test can
     do what only it can (kill the worker, cut the link) at exactly that point.
+
+``rank`` and ``size`` are those of the world the process is in or is about
+to start Horovod in (Horovod's settings in its environment) unless the call
+site passes them. A ``"step"`` that is a process's first in a round (the
+launcher's ``HVDKIT_RESTART_COUNT``) is the phase ``"first_step"`` instead.
 
 Example (in a test)::
 
@@ -29,33 +36,47 @@ import os
 import signal
 import time
 
-ENV = "HVDKIT_PHASE_HOOK"
+from . import config
+
+ENV = config.PHASE_HOOK
 
 PHASES = (
-    "step",  # a training step of an elastic run
-    "save",  # a checkpoint save (the background write included)
+    "step",  # after a training step (Checkpointer.maybe_save: every step, every rank)
+    "save",  # a checkpoint save, every rank (rank 0's background write of the last may run)
     "exchange",  # the preemption check's exchange (carries the growth flag)
-    "word",  # the scheduler's new world arriving at a worker
+    "word",  # the scheduler's new world arriving at a worker (the worker takes the trap)
     "leave",  # leaving Horovod's world after a failure or for growth
-    "meet",  # the ready/go meeting of a new round
-    "init",  # Horovod's init: the Gloo rendezvous and connections
-    "rollback",  # the rollback broadcast of the last commit in a new world
-    "restore",  # a newcomer's restore() of the state from the new rank 0
-    "reshard",  # re-sharding the rest of the epoch over the new world
-    "first_step",  # the first training step of a new world
-    "end",  # the job's end (the training function returned)
+    "meet",  # the ready/go meeting of a new round (survivors and newcomers)
+    "init",  # Horovod's init: the Gloo rendezvous and connections (every start)
+    "rollback",  # the survivors' rollback broadcast of the last commit in a new world
+    "restore",  # Checkpointer.restore(): a newcomer receives the state from rank 0
+    "reshard",  # after the rollback's broadcast: re-sharding the rest of the epoch
+    "first_step",  # after the first training step of a process in a round
+    "end",  # the training function returned (elastic.run), before the worker is told
 )
 
-_folder = os.environ.get(ENV)
+_folder = os.environ.get(ENV) or None
+ACTIVE = _folder is not None  # the step's call site tests this first: no call when unset
 _seen: dict[str, int] = {}
+_stepped_in: list[str] = []  # the round of this process's last step (first_step)
 
 
 def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
-    """Mark the start of ``phase`` (one of :data:`PHASES`); a trap aimed at it fires here."""
-    if not _folder:
+    """Mark the start of ``phase`` (one of :data:`PHASES`); a trap aimed at it fires here.
+
+    Raises:
+        ValueError: ``phase`` is not one of :data:`PHASES`.
+    """
+    if _folder is None:
         return
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
+    round_ = os.environ.get(config.RESTART_COUNT, "0")
+    if phase == "step" and _stepped_in != [round_]:
+        _stepped_in[:] = [round_]
+        phase = "first_step"
+    if rank is None:
+        rank, size = _env_int("HOROVOD_RANK"), _env_int(config.HOROVOD_SIZE)
     trap_path = os.path.join(_folder, "trap")
     try:
         with open(trap_path) as f:
@@ -63,6 +84,8 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
     except (OSError, ValueError):
         return
     if trap.get("phase") != phase or trap.get("rank") not in (None, rank):
+        return
+    if trap.get("pid") not in (None, os.getpid()):
         return
     key = f"{phase}/{rank}"
     _seen[key] = _seen.get(key, 0) + 1
@@ -72,11 +95,25 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
         os.rename(trap_path, os.path.join(_folder, f"taken.{os.getpid()}"))
     except OSError:
         return  # another process took it
-    hit = {"phase": phase, "rank": rank, "size": size, "pid": os.getpid(), "at": time.time()}
-    with open(os.path.join(_folder, "hit.tmp"), "w") as f:
+    hit = {
+        "phase": phase,
+        "action": trap.get("action"),
+        "rank": rank,
+        "size": size,
+        "pid": os.getpid(),
+        "round": int(round_),
+        "at": time.time(),
+    }
+    tmp = os.path.join(_folder, f".hit.{os.getpid()}")
+    with open(tmp, "w") as f:
         json.dump(hit, f)
-    os.replace(os.path.join(_folder, "hit.tmp"), os.path.join(_folder, "hit"))
+    os.replace(tmp, os.path.join(_folder, "hit"))
     _act(trap.get("action"))
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _act(action: str | None) -> None:
@@ -87,7 +124,7 @@ def _act(action: str | None) -> None:
     elif action == "exit":
         os._exit(1)
     elif action == "pause":
-        release = os.path.join(_folder, "release")
+        release = os.path.join(_folder, f"release.{os.getpid()}")
         while not os.path.exists(release):
             time.sleep(0.01)
     else:

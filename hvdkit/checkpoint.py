@@ -33,7 +33,7 @@ import keras
 import numpy as np
 
 from . import _checkpoint_files as files
-from . import _compat, _meeting, collectives, config, errors, preemption, runtime
+from . import _compat, _meeting, _phases, collectives, config, errors, preemption, runtime
 from ._validate import check_int, is_number
 from .data.sampler import ShardPositionCallback, ShardSampler
 from .data.sharding import shard_length
@@ -381,6 +381,7 @@ class Checkpointer:
 
         Every rank raises the same error; none is left waiting.
         """
+        _phases.enter("restore")
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars
         root, multi = runtime.rank() == 0, runtime.size() > 1
@@ -547,6 +548,7 @@ class Checkpointer:
         if self.sampler is not None:
             self.epoch = self.sampler.epoch
         self._tell("save")
+        _phases.enter("save")
         if runtime.rank() != 0 or self.directory is None:
             return None
         self._check_extra(self.extra)
@@ -668,6 +670,8 @@ class Checkpointer:
             ...     sampler.advance(len(y)); step += 1
             ...     ckpt.maybe_save(step)
         """
+        if _phases.ACTIVE:  # fault-injection tests only: no call otherwise
+            _phases.enter("step")
         saved = self.due(step)
         if saved:
             self.save(step)

@@ -48,6 +48,7 @@ MONITOR_ADDR = "HVDKIT_MONITOR_ADDR"  # host:port of hvdkitrun's heartbeat recei
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (default 0)
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
+PHASE_HOOK = "HVDKIT_PHASE_HOOK"  # tests: a folder of fault traps (hvdkit._phases)
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 # Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
 # hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave

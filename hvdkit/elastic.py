@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _meeting, _progress, config, runtime
+from . import _meeting, _phases, _progress, config, runtime
 from ._meeting import enabled
 from ._memory_commit import MemoryCommit
 from .errors import LaunchError, NotSupportedError
@@ -138,6 +138,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     raise
                 _recover(commit, exc)
             else:
+                _phases.enter("end")
                 _say_finished()
                 return result
 
@@ -274,6 +275,7 @@ def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
     started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
     round_ = _leave_and_rejoin()
     joined = time.monotonic()
+    _phases.enter("rollback")
     step = commit.rollback()
     _StatePending.received()
     for model in _models_of(commit.ckpt):
@@ -314,6 +316,7 @@ def _where() -> tuple[int, int]:
 
 def _leave_and_rejoin() -> int:
     """Leave Horovod, meet the ranks of the next world, start Horovod in it; the round."""
+    _phases.enter("leave")
     runtime.shutdown()
     _progress.forget_waits()  # not "stuck in a collective" while it rejoins
     round_ = _join_next_world()

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import _progress, collectives, config, environments, runtime
+from . import _phases, _progress, collectives, config, environments, runtime
 from .errors import ConfigurationError
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "Watch", "watch"]
@@ -135,6 +135,7 @@ class Watch:
         mine = (self.requested, joining, None)
         if runtime.rank() == 0:
             mine = (self.requested, joining, self._plan(step, now))
+        _phases.enter("exchange")
         if runtime.size() > 1:
             said = collectives.allgather_object(mine, name="hvdkit.preemption")
         else:

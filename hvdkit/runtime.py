@@ -14,7 +14,7 @@ import time
 
 import tensorflow as tf
 
-from . import _compat, _meeting, config, environments
+from . import _compat, _meeting, _phases, config, environments
 from ._validate import check_int
 from .backends import Backend, create
 from .errors import ConfigurationError, NotInitializedError
@@ -109,6 +109,7 @@ def init(
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
     _announce_joining()
+    _phases.enter("init")
     _backend = create(name, [ps.ranks for ps in new], dynamic)
     ids = iter(_backend.process_set_ids())
     sets_.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], size())

@@ -26,7 +26,7 @@ from typing import NoReturn
 
 import psutil
 
-from .. import _compat, _meeting, config
+from .. import _compat, _meeting, _phases, config
 from ..errors import LaunchError
 from . import processes, protocol
 from .failures import describe_exit
@@ -611,6 +611,7 @@ class _ProgramRun:
             if elastic.finished is not None:  # it will not read it: no new world for it
                 log.info("rank %d finished training: it stays out of round %d", rank, new["round"])
                 continue
+            _phases.enter("word", new["rank"], new["size"])
             self.monitor.forget()
             elastic.hand_over(new, horovod_env(new, self.job.sched_host, self.iface))
 

@@ -26,14 +26,22 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
-LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0}
+LAYERS = {"errors": 0, "config": 0, "_progress": 0, "horovod_only": 0, "_phases": 0}
 LAYERS |= {"environments": 0}  # Slurm's variables (hvdkit.environments), read by runtime and launch
 LAYERS |= {"_checkpoint_files": 1, "_compat": 1, "_validate": 1, "_graph_progress": 1}
 LAYERS |= {"_op_names": 1, "_meeting": 1, "_threads": 1, "_sockets": 1, "_priority_trial": 1}
 LAYERS |= {"backends": 2, "runtime": 3, "process_sets": 3}  # runtime, process sets: each other
 LAYERS |= {"collectives": 4, "compression": 4}
 TOP = 5  # any other module or subpackage: optimizer, callbacks, data, ops, sink, ...
-LAUNCH_MAY_USE = {"config", "errors", "_progress", "_compat", "_checkpoint_files", "_meeting"}
+LAUNCH_MAY_USE = {
+    "config",
+    "errors",
+    "_progress",
+    "_compat",
+    "_checkpoint_files",
+    "_meeting",
+    "_phases",
+}
 LAUNCH_MAY_USE |= {"_validate", "launch", "environments"}
 TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
 
