@@ -63,14 +63,20 @@ from typing import Any
 from . import _meeting, _phases, _progress, config, runtime
 from ._meeting import enabled
 from ._memory_commit import MemoryCommit
-from .errors import LaunchError, NotSupportedError
+from .errors import CollectiveError, LaunchError, NotSupportedError
 from .preemption import Regroup
 
 __all__ = ["run", "enabled", "Regroup"]  # and Horovod's state classes (hvdkit.elastic_state)
 
-# What a collective says once Horovod stopped for a failed peer (its background loop
-# ended on Gloo's error): every pending and later collective fails with it.
-_PEER_LOST = ("Horovod has been shut down",)
+# What a collective says when a peer is lost: once Horovod stopped for it (its background
+# loop ended on Gloo's error), every pending and later collective fails with the first;
+# the collective that met the error itself carries Gloo's message, which names its source
+# file under gloo/transport/ ("Connection closed by peer", "Timed out waiting ...").
+_PEER_LOST = ("Horovod has been shut down", "gloo/transport/")
+# After a failed Horovod start: seconds, beyond the stall timeout and Gloo's, for the
+# scheduler's word of a lost peer to come (the worker's SIGTERM grace of a stopped rank, 5 s,
+# and the scheduler's round).
+_START_MARGIN_S = 10.0
 
 
 # Regroup (hvdkit.preemption) and enabled (hvdkit._meeting, beside join_waiting) are
@@ -122,12 +128,12 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 "hvdkit.elastic.KerasState(model, ...) as in Horovod."
             )
         commit = _commit_of(state)
-        if not state.restored:
-            state.restore()
-        elif commit is not None:  # restored before run(): that state is the first commit
-            _on_checkpointer(commit, "restore")
         if enabled():
             _LostPeerWatch.start_once()
+        if not state.restored:
+            _restore(state)
+        elif commit is not None:  # restored before run(): that state is the first commit
+            _on_checkpointer(commit, "restore")
         while True:
             try:
                 result = func(state, *args, **kwargs)
@@ -264,19 +270,54 @@ def _peer_lost(exc: BaseException) -> bool:
     return False
 
 
+def _restore(ckpt) -> None:
+    """``ckpt.restore()``, again in the next world if a peer is lost meanwhile.
+
+    A newcomer's restore receives the job's state from rank 0: the survivors'
+    rollback broadcast, which fails for them too, so they meet the next world.
+    """
+    while True:
+        try:
+            ckpt.restore()
+            return
+        except Exception as exc:
+            if not enabled() or not _peer_lost(exc):
+                raise
+            _say_lost_meanwhile("the restore", exc)
+        with _LostPeerWatch.recovering():
+            _leave_and_rejoin()
+
+
 def _recover(commit: MemoryCommit, exc: BaseException) -> None:
     if isinstance(exc, Regroup):  # every rank left at the same step: commit it
         commit.save()
-    with _LostPeerWatch.recovering():
-        _recover_now(commit, exc)
+    _recover_now(commit, exc)
 
 
 def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
+    """Rejoin and roll back; once more for each peer lost meanwhile, never an exit for it.
+
+    The roll back's broadcast is the new world's first collective: a peer lost
+    during it (or during the start) makes it fail like any step's, and every
+    survivor holds the same commit still, so the next world rolls back to it.
+    The lost-peer watch is on from the new world's start, so a loss the
+    scheduler announces ends the broadcast at once.
+    """
     started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
-    round_ = _leave_and_rejoin()
-    joined = time.monotonic()
-    _phases.enter("rollback")
-    step = commit.rollback()
+    again = 0
+    while True:
+        with _LostPeerWatch.recovering():
+            round_ = _leave_and_rejoin()
+        joined = time.monotonic()
+        try:
+            _phases.enter("rollback")
+            step = commit.rollback()
+            break
+        except Exception as lost:
+            if not _peer_lost(lost):
+                raise
+            _say_lost_meanwhile(f"round {round_}'s roll back", lost)
+            again += 1
     _StatePending.received()
     for model in _models_of(commit.ckpt):
         _reset_compiled_functions(model)
@@ -289,7 +330,17 @@ def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
         round_,
         _why(exc, ended),
         f"{back} step {step}; {joined - started:.2f} s to rejoin, "
-        f"{time.monotonic() - joined:.2f} s to roll back",
+        f"{time.monotonic() - joined:.2f} s to roll back"
+        + (f"; {again} more regroup(s) for a peer lost meanwhile" if again else ""),
+    )
+
+
+def _say_lost_meanwhile(where: str, exc: BaseException) -> None:
+    print(
+        f"hvdkit: rank {runtime.rank()} of {runtime.size()}: a peer was lost during {where} "
+        f"({type(exc).__name__}); it meets the next world",
+        file=sys.stderr,
+        flush=True,
     )
 
 
@@ -341,28 +392,66 @@ def _say_rejoined(old_rank: int, old_size: int, round_: int, why: str, rest: str
 
 
 def _join_next_world() -> int:
-    """Wait for the worker's next assignment, meet the others, start Horovod; the round."""
+    """Wait for the worker's next assignment, meet the others, start Horovod; the round.
+
+    If Horovod cannot start (a peer of the round died or froze while the ranks
+    connected), the rank waits for the world after it, which the scheduler forms
+    once that peer's worker reported it (at the latest at the stall timeout).
+    If none comes within the stall timeout plus Gloo's and a margin, nobody was
+    lost (a peer was only slower to connect than Gloo's timeout) and the rank
+    ends with a :class:`LaunchError`: its worker reports it, and the others go
+    on without it, as after any lost rank.
+    """
     folder = config.get(config.ELASTIC_DIR)
-    seen = config.restart_count()
-    timeout = config.sched_timeout()
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            body = _meeting.read_assignment(folder)
-            if body is not None and body["round"] > seen:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            time.sleep(_meeting.POLL_S)
-        round_ = _meeting.meet(folder, _meeting.take(body), deadline)
-    except TimeoutError:
-        raise LaunchError(
-            f"a peer was lost and no new world formed within {timeout:g} s "
-            f"({config.SCHED_TIMEOUT}): fewer workers left than {config.MIN_WORKERS}, or "
-            "one of them never got ready; see the scheduler's log."
-        ) from None
-    runtime.init()
-    return round_
+    timeout, failed = config.sched_timeout(), None
+    while True:
+        seen = config.restart_count()
+        limit = timeout if failed is None else min(timeout, _after_failed_start_s())
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                body = _meeting.read_assignment(folder)
+                if body is not None and body["round"] > seen:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(_meeting.POLL_S)
+            round_ = _meeting.meet(folder, _meeting.take(body), deadline)
+        except TimeoutError:
+            if failed is not None:
+                raise LaunchError(
+                    f"Horovod could not start in round {seen} ({failed}) and no peer was reported "
+                    f"lost within {limit:g} s: one was slower to connect than Gloo's timeout "
+                    f"({config.GLOO_TIMEOUT}); raise it for a loaded machine. This rank ends; "
+                    "the others go on without it."
+                ) from None
+            raise LaunchError(
+                f"a peer was lost and no new world formed within {timeout:g} s "
+                f"({config.SCHED_TIMEOUT}): fewer workers left than {config.MIN_WORKERS}, or "
+                "one of them never got ready; see the scheduler's log."
+            ) from None
+        try:
+            runtime.init()
+            return round_
+        except CollectiveError as exc:  # a peer of round_ died or froze while Horovod started
+            failed = exc
+            print(
+                f"hvdkit: Horovod could not start in round {round_} ({exc}); "
+                "this rank waits for the next world",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _after_failed_start_s() -> float:
+    """How long a rank whose Horovod start failed waits for a world without the lost peer.
+
+    The peer's worker notices a frozen rank at the stall timeout; its
+    Horovod start had Gloo's timeout; a few seconds more for the word to come.
+    """
+    stall = config.get_float(config.STALL_TIMEOUT, config.DEFAULT_STALL_TIMEOUT_S, positive=True)
+    gloo = config.get_float(config.GLOO_TIMEOUT, config.ELASTIC_GLOO_TIMEOUT_S, positive=True)
+    return stall + gloo + _START_MARGIN_S
 
 
 def _models_of(state) -> list:

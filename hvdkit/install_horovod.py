@@ -19,10 +19,14 @@ the headers of TensorFlow >= 2.19 as they ship. This module
    a Debian package ships it (:data:`HEADER_PACKAGES`), or an error naming the
    package to install. So the fixes follow from the installed TensorFlow, not
    from a list of versions (docs/install.md says what each version needed);
-4. builds the wheel with MPI and Gloo (``pip wheel --no-build-isolation``,
-   against this TensorFlow), caches it per Python and TensorFlow version in
-   ``~/.cache/hvdkit/wheels/horovod-0.28.1-py311-tf2.19.0/`` (``HVDKIT_CACHE_DIR``
-   moves the cache), installs it and checks it loads with both transports.
+4. downloads Horovod's source (cached in ``~/.cache/hvdkit/sdist/``) and applies
+   hvdkit's patches to it (:data:`PATCHES`, ``hvdkit/patches/``: each says
+   what it fixes and why);
+5. builds the wheel with MPI and Gloo (``pip wheel --no-build-isolation``,
+   against this TensorFlow), caches it per Python, TensorFlow version and
+   patch set in ``~/.cache/hvdkit/wheels/horovod-0.28.1-py311-tf2.19.0-p<hash>/``
+   (``HVDKIT_CACHE_DIR`` moves the cache), installs it and checks it loads
+   with both transports and carries the patches.
 
 A second run for the same versions takes seconds. ``scripts/install.sh`` runs
 this module for the repository's own ``.venv``.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 import re
@@ -40,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 from importlib import metadata, util
@@ -64,7 +70,15 @@ TOOLS = (
     ("g++", "g++", "a C++17 compiler"),
     ("make", "make", "make"),
     ("cmake", "cmake", "CMake >= 3.13"),
+    ("patch", "patch", "applies hvdkit's patches to Horovod's source"),
 )
+
+# hvdkit's changes to Horovod's source, applied in this order before the build (each
+# file opens with what it fixes and why). The installed Horovod names them in
+# horovod/hvdkit_patches.py, so that an unpatched build counts as not installed.
+PATCHES_DIR = Path(__file__).resolve().parent / "patches"
+PATCHES = ("horovod-0.28.1-init-failure-raises.patch",)
+PATCH_MARKER = "hvdkit_patches.py"  # written into horovod/ before the build
 
 # The TensorFlow headers horovod/tensorflow/mpi_ops.cc and xla_mpi_ops.cc of Horovod
 # 0.28.1 include in a CPU build (the GPU-only ones are left out).
@@ -308,15 +322,117 @@ def plan_headers(tf: TensorFlow, shim_dir: Path, rounds: int = 10) -> HeaderPlan
     raise BuildError(f"headers still missing after {rounds} fixes: {plan}")
 
 
+# --- the patches -------------------------------------------------------------------
+def patch_texts() -> dict[str, str]:
+    """``{file name: text}`` of :data:`PATCHES`.
+
+    Raises:
+        BuildError: a patch file is missing (an hvdkit installed without its data).
+    """
+    texts = {}
+    for name in PATCHES:
+        path = PATCHES_DIR / name
+        if not path.is_file():
+            raise BuildError(
+                f"hvdkit's patch {path} is missing, so the Horovod it would build would abort "
+                "on a failed start. Reinstall hvdkit from its repository (pip install -e .)."
+            )
+        texts[name] = path.read_text()
+    return texts
+
+
+def patch_set_id(texts: dict[str, str] | None = None) -> str:
+    """A short hash of the patches' names and texts: part of the wheel cache's key."""
+    digest = hashlib.sha256()
+    for name, text in (patch_texts() if texts is None else texts).items():
+        digest.update(f"{name}\0{text}\0".encode())
+    return digest.hexdigest()[:10]
+
+
+def marker_text(texts: dict[str, str] | None = None) -> str:
+    """The module written into the patched source: which patches the build carries."""
+    names = list(patch_texts() if texts is None else texts)
+    return (
+        '"""Written by hvdkit.install_horovod: the patches this Horovod was built with."""\n\n'
+        f"PATCHES = {names!r}\nPATCH_SET = {patch_set_id(texts)!r}\n"
+    )
+
+
+def patched_source(directory: Path) -> Path:
+    """Horovod's source, unpacked in ``directory`` with :data:`PATCHES` applied; its folder.
+
+    The sdist is downloaded once into ``<cache>/sdist``.
+
+    Raises:
+        BuildError: the download or a patch failed (the message has the tool's output).
+    """
+    texts = patch_texts()
+    sdist_dir = cache_base() / "sdist"
+    sdist = sdist_dir / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    if not sdist.is_file():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        cmd += ["--disable-pip-version-check", "-d", str(sdist_dir), f"horovod=={HOROVOD_VERSION}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0 or not sdist.is_file():
+            raise BuildError(
+                f"could not download Horovod {HOROVOD_VERSION}'s source (`{' '.join(cmd)}`):\n"
+                + (done.stderr.strip()[-1500:] or done.stdout.strip()[-1500:])
+            )
+    with tarfile.open(sdist) as archive:
+        archive.extractall(directory, filter="data")
+    source = directory / f"horovod-{HOROVOD_VERSION}"
+    for name, text in texts.items():
+        done = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch"],
+            input=text,
+            capture_output=True,
+            text=True,
+            cwd=source,
+        )
+        if done.returncode != 0:
+            raise BuildError(
+                f"hvdkit's patch {name} does not apply to Horovod {HOROVOD_VERSION}'s source "
+                f"({sdist}):\n{done.stdout.strip()[-1500:]}\nDelete {sdist} and try again."
+            )
+    (source / "horovod" / PATCH_MARKER).write_text(marker_text(texts))
+    return source
+
+
+def installed_patch_set() -> str | None:
+    """The patch set the installed Horovod was built with (its hvdkit_patches.py), if any."""
+    spec = util.find_spec("horovod")
+    if spec is None or spec.origin is None:
+        return None
+    found = re.search(
+        r"^PATCH_SET = '([0-9a-f]+)'$",
+        _read(Path(spec.origin).parent / PATCH_MARKER),
+        re.MULTILINE,
+    )
+    return found.group(1) if found else None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 # --- the wheel ---------------------------------------------------------------------
-def cache_dir(tf_version: str) -> Path:
-    """``<cache>/wheels/horovod-0.28.1-py311-tf2.19.0``: one wheel per Python and TF version."""
+def cache_base() -> Path:
+    """``~/.cache/hvdkit`` (``$XDG_CACHE_HOME/hvdkit``), or ``HVDKIT_CACHE_DIR``."""
     base = config.get(config.CACHE_DIR)
     if base is None:
         xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         base = os.path.join(xdg, "hvdkit")
+    return Path(base)
+
+
+def cache_dir(tf_version: str) -> Path:
+    """``<cache>/wheels/horovod-0.28.1-py311-tf2.19.0-p<hash>``: per Python, TF and patch set."""
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    return Path(base) / "wheels" / f"horovod-{HOROVOD_VERSION}-{tag}-tf{tf_version}"
+    name = f"horovod-{HOROVOD_VERSION}-{tag}-tf{tf_version}-p{patch_set_id()}"
+    return cache_base() / "wheels" / name
 
 
 def cached_wheel(directory: Path) -> Path | None:
@@ -345,8 +461,9 @@ def build_wheel(tf: TensorFlow, plan: HeaderPlan, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     build_log = directory / "build.log"
     with tempfile.TemporaryDirectory(prefix="building-", dir=directory) as out:
+        source = patched_source(Path(out))
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-        cmd += ["--no-cache-dir", "--disable-pip-version-check", f"horovod=={HOROVOD_VERSION}"]
+        cmd += ["--no-cache-dir", "--disable-pip-version-check", str(source)]
         with open(build_log, "w") as sink:
             done = subprocess.run(
                 [*cmd, "-w", out],
@@ -423,6 +540,11 @@ def horovod_works(tf_version: str) -> str | None:
     built_for = horovod_built_for()
     if built_for != tf_version:
         return f"the installed Horovod was built for TensorFlow {built_for}, not {tf_version}"
+    if installed_patch_set() != patch_set_id():
+        return (
+            "the installed Horovod lacks hvdkit's patches "
+            f"({', '.join(PATCHES)}: a failed start would abort the process)"
+        )
     quick = [_compat.horovod_tf_built(t) for t in ("gloo", "mpi")]
     if quick == [True, True]:
         return None
@@ -475,6 +597,7 @@ def install(rebuild: bool = False, check_only: bool = False, any_tensorflow: boo
                 log(f"installing the build's Python modules: {' '.join(modules)}")
                 pip_install(*modules)
             log(f"building Horovod {HOROVOD_VERSION} for TensorFlow {tf.version} with MPI and Gloo")
+            log(f"with hvdkit's patches: {', '.join(PATCHES)}")
             log(f"(about 5 minutes on 2 cores; log: {directory / 'build.log'})")
             started = time.monotonic()
             wheel = build_wheel(tf, plan, directory)

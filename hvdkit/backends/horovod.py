@@ -26,7 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from .. import _compat, _graph_progress, _priority_trial, _sockets, _threads, config
-from ..errors import ConfigurationError
+from ..errors import CollectiveError, ConfigurationError
 from .base import Backend, ReduceOp
 
 try:
@@ -38,6 +38,11 @@ else:
     _IMPORT_ERROR = None
 
 _barrier_ids = itertools.count()
+# What hvd.init() raises when Horovod's background thread failed to start. With
+# hvdkit's patch (hvdkit/patches/horovod-0.28.1-init-failure-raises.patch) that
+# includes a peer lost while the Gloo contexts connect; unpatched, Horovod 0.28.1
+# aborts the process instead (std::terminate on the uncaught gloo::IoException).
+_INIT_FAILED = "Horovod initialization failed"
 BUILD_FLAGS = ("mpi", "gloo", "nccl", "ccl", "cuda", "rocm", "ddl")
 
 
@@ -81,6 +86,26 @@ def _by_dtype(tensors: Sequence[tf.Tensor], fn: Callable[[list], list]) -> list:
     return out
 
 
+def _start(process_sets) -> None:
+    """``hvd.init``; a failed start leaves Horovod ready for another ``init``.
+
+    Raises:
+        CollectiveError: Horovod could not start (a peer died or stopped
+            answering while the ranks connected); its log line above says why.
+    """
+    try:
+        hvd.init(process_sets=process_sets)
+    except ValueError as exc:
+        if _INIT_FAILED not in str(exc):
+            raise
+        hvd.shutdown()  # joins Horovod's ended thread and clears its started flag
+        raise CollectiveError(
+            "Horovod could not start: a peer died or stopped answering while the ranks "
+            f"connected (within {config.GLOO_TIMEOUT}); Horovod's log line above says "
+            "what failed. In an elastic job the rank waits for the next world."
+        ) from exc
+
+
 class HorovodBackend(Backend):
     """Collectives through Horovod's TensorFlow ops (MPI or Gloo)."""
 
@@ -97,7 +122,7 @@ class HorovodBackend(Backend):
         before, sockets_before = _threads.thread_ids(), _sockets.tcp_inodes()
         static = [hvd.ProcessSet(ranks) for ranks in process_sets or []]
         # "dynamic" makes Horovod set HOROVOD_DYNAMIC_PROCESS_SETS=1 itself, as its init does
-        hvd.init(process_sets="dynamic" if dynamic and not static else static)
+        _start(process_sets="dynamic" if dynamic and not static else static)
         self.dynamic = dynamic or config.get(config.HOROVOD_DYNAMIC_PROCESS_SETS) == "1"
         self._sets = {0: hvd.global_process_set} | {ps.process_set_id: ps for ps in static}
         self._static_ids = [ps.process_set_id for ps in static]

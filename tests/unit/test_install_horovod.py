@@ -121,6 +121,7 @@ def test_missing_tools_name_their_debian_packages():
         ("mpicxx", "libopenmpi-dev"),
         ("mpirun", "openmpi-bin"),
         ("cmake", "cmake"),
+        ("patch", "patch"),
     ]
     assert ih.apt_command(["a", "b", "a"]) == "sudo apt-get update && sudo apt-get install -y a b"
 
@@ -152,7 +153,10 @@ def test_unsupported_tensorflow_is_refused_unless_asked(monkeypatch, capsys):
 def test_cache_dir_is_per_python_and_tensorflow(monkeypatch, tmp_path):
     monkeypatch.setenv("HVDKIT_CACHE_DIR", str(tmp_path))
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    assert ih.cache_dir("2.19.0") == tmp_path / "wheels" / f"horovod-0.28.1-{tag}-tf2.19.0"
+    patches = f"p{ih.patch_set_id()}"  # a changed patch set is built anew
+    assert (
+        ih.cache_dir("2.19.0") == tmp_path / "wheels" / f"horovod-0.28.1-{tag}-tf2.19.0-{patches}"
+    )
     monkeypatch.delenv("HVDKIT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert ih.cache_dir("2.21.0").parent == tmp_path / "xdg" / "hvdkit" / "wheels"

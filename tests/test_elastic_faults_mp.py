@@ -1,0 +1,160 @@
+"""Issue 37: a fault inside an elastic recovery costs one more in-process regroup, not the job.
+
+Three workers of the scheduler/worker launch over Gloo train
+tests/multiproc/ft_train.py ``--mode elastic`` (a save every 5 steps,
+``--mask-padding``), with ``HVDKIT_MIN_WORKERS=1``. Rank 2 kills its worker
+inside step 12, so the two others regroup into round 1 from step 10; a
+trap of the phase hook (:mod:`hvdkit._phases`) aims a second fault into that
+recovery:
+
+* ``rollback``: rank 1 of round 1 pauses just before the rollback broadcast
+  and the test kills its worker: rank 0's broadcast fails (before issue 37,
+  its ``CollectiveError`` ended the process);
+* ``init``: rank 1 of round 1 freezes (SIGSTOP) after the ready/go meeting,
+  as Horovod starts: rank 0's Gloo start times out (before, Horovod 0.28.1
+  aborted the process; hvdkit's patch makes it an exception), and the frozen
+  rank's worker stops it at the stall timeout.
+
+Either way rank 0 must stay in its process, regroup once more (round 2,
+alone) and finish; its worlds are (3 ranks from step 0, 1 rank from step
+10), replayed without faults (one job per world): equal final weights bit
+for bit, and every sample of every epoch trained exactly once in both.
+
+No test bounds wall-clock time; the freeze's time to train again is printed
+(``-s``) for docs/fault-tolerance.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_elastic_mp import HANG, final_weights, records, start_job, trained_ids
+
+SAMPLES, EPOCHS, CRASH, LAST_SAVE = 96, 3, 12, 10
+WORLDS = [(0, 3), (LAST_SAVE, 1)]  # (first step, ranks) of each world that trained
+AGAIN = re.compile(r"round (\d+): (\d+) ranks train again from step (\d+)")
+
+
+def start_faulty(root: Path, trap: dict, **settings: str):
+    """The job above with ``trap`` set in its phase hook's folder; the job, its output, the hook."""
+    hook = root / "hook"
+    hook.mkdir(parents=True)
+    (hook / "trap").write_text(json.dumps(trap))
+    crash = ["--crash-at", str(CRASH), "--crash-rank", "2", "--crash-how", "worker"]
+    job, out = start_job(
+        root,
+        *crash,
+        "--mask-padding",
+        HVDKIT_ELASTIC="1",
+        HVDKIT_MIN_WORKERS="1",
+        HVDKIT_MAX_RESTARTS="0",
+        HVDKIT_PHASE_HOOK=str(hook),
+        **settings,
+    )
+    return job, out, hook
+
+
+def wait_for_hit(job, hook: Path) -> dict:
+    deadline = time.monotonic() + HANG
+    while not (hook / "hit").exists():
+        if job.procs["scheduler"].poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the trap never fired:\n{job._everyone()}")
+        time.sleep(0.05)
+    return json.loads((hook / "hit").read_text())
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory) -> tuple[np.ndarray, dict]:
+    """WORLDS without faults, each from the checkpoint the one before stopped at."""
+    root = tmp_path_factory.mktemp("replay")
+    ckpt, outs = root / "ckpt", []
+    for i, ((start, size), (stop, _)) in enumerate(
+        zip(WORLDS, [*WORLDS[1:], (None, 0)], strict=True)
+    ):
+        extra = ["--ckpt", str(ckpt), "--mask-padding"]
+        extra += [] if stop is None else ["--stop-at", str(stop)]
+        job, out = start_job(root / f"w{i}", *extra, workers=size, HVDKIT_MIN_WORKERS=str(size))
+        done = job.finish()
+        assert done["scheduler"][0] == 0, done["scheduler"][1][-3000:]
+        assert records(out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
+        outs.append(out)
+    ids: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for out in outs:
+        for epoch, counts in trained_ids(out).items():
+            ids[epoch] += counts
+    (weights,) = final_weights(outs[-1])
+    return weights, dict(ids)
+
+
+def check_one_more_regroup(result: dict, out: Path, hit: dict, replay) -> None:
+    """Rank 0 finished alone in its first process, as the replay of WORLDS did."""
+    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
+    sched = result["scheduler"][1]
+    assert result["scheduler"][0] == 0, report
+    assert (hit["rank"], hit["size"], hit["round"]) == (1, 2, 1), hit
+    changes = {int(r): (int(s), int(n)) for r, n, s in AGAIN.findall(sched)}
+    assert changes == {2: WORLDS[1]}, (changes, report)  # round 1 never trained
+    # One process trained from the start to the end: its first file, no other attempt.
+    assert sorted(p.name for p in out.glob("result-*")) == ["result-a0-r0.json"], report
+    assert not list(out.glob("ids-a1-*")) and not list(out.glob("ids-a2-*")), report
+    rows = records(out / "ids-a0-r0.jsonl")
+    marks = [
+        (r["recovered_from"], r["size"], r["rank"], r["round"]) for r in rows[1:] if "size" in r
+    ]
+    assert rows[0] == {"resumed_from": 0, "size": 3}, rows[0]
+    assert marks == [(LAST_SAVE, 1, 0, 2)], marks
+    weights, ref_ids = replay
+    (mine,) = final_weights(out)
+    np.testing.assert_array_equal(mine, weights)
+    ids = trained_ids(out)
+    assert sorted(ids) == sorted(ref_ids) == list(range(EPOCHS))
+    for epoch, counts in ids.items():
+        assert counts == collections.Counter(range(SAMPLES)) == ref_ids[epoch], (epoch, counts)
+
+
+def test_a_worker_lost_during_the_rollback_broadcast_costs_one_more_regroup(tmp_path, replay):
+    job, out, hook = start_faulty(
+        tmp_path / "job", {"phase": "rollback", "action": "pause", "rank": 1}
+    )
+    hit = wait_for_hit(job, hook)
+    os.kill(parent_of(hit["pid"]), signal.SIGKILL)  # its worker; the rank dies with it
+    result = job.finish()
+    check_one_more_regroup(result, out, hit, replay)
+    said = "".join(job.lines[n][-1] for n in job.lines if job.lines[n])
+    rank0 = "".join(ln for n in job.lines for ln in job.lines[n] if "rank 0 of " in ln)
+    assert "a peer was lost during round 1's roll back" in rank0, said
+    assert "1 more regroup(s) for a peer lost meanwhile" in rank0, rank0
+
+
+def test_a_rank_frozen_as_horovod_starts_costs_one_more_regroup(tmp_path, replay):
+    stall = 12.0  # well above Gloo's 5 s: rank 0's start fails before the frozen rank is stopped
+    job, out, hook = start_faulty(
+        tmp_path / "job",
+        {"phase": "init", "action": "stop", "rank": 1, "after": 1},  # its second start
+        HVDKIT_STALL_TIMEOUT=str(stall),
+    )
+    hit = wait_for_hit(job, hook)
+    result = job.finish()
+    check_one_more_regroup(result, out, hit, replay)
+    everyone = "".join(ln for n in job.lines for ln in job.lines[n])
+    assert "Horovod could not start in round 1" in everyone, everyone[-3000:]
+    assert "stalled" in result["scheduler"][1], result["scheduler"][1][-3000:]
+    rows = records(out / "ids-a0-r0.jsonl")[1:]
+    again = min(r["t"] for r in rows if "ids" in r and r["round"] == 2)
+    print(
+        f"\nfrozen at Horovod's start: rank 0 trained again {again - hit['at']:.2f} s after "
+        f"the freeze (stall timeout {stall:g} s + 3 s = {stall + 3:g} s)"
+    )
