@@ -8,8 +8,10 @@ watches: the first worker that fails or disappears makes it tell all others to
 stop. Without restarts it then exits non-zero naming that rank; with
 ``max_restarts`` it starts the job again (a new *round*: new rendezvous, same
 token) on the workers still connected, waiting for replacements of lost
-ones, or going on with ``min_workers`` or more. The launcher uses Horovod's
-runner only (the rendezvous server, guarded in :mod:`hvdkit.launch.guard`);
+ones, or going on with ``min_workers`` or more. A round is followed by
+:class:`hvdkit.launch.rounds.Round` (its phases and transitions in one
+table). The launcher uses Horovod's runner only (the rendezvous server,
+guarded in :mod:`hvdkit.launch.guard`);
 :mod:`hvdkit.backends.horovod` is the only module that uses its collectives.
 
 Messages (one JSON object per line, :mod:`hvdkit.launch.protocol`):
@@ -22,50 +24,23 @@ the job's ``code``); worker -> scheduler ``register``, ``exit`` (with
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import queue
 import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 from .. import config
 from .._validate import is_int
 from ..errors import LaunchError
 from . import protocol
-from .failures import root_cause
-from .heartbeat import STUCK, stall_timeout
-from .protocol import FINISHED, READY, RESUMED, Channel
+from .heartbeat import stall_timeout
+from .protocol import FINISHED, READY, RESUMED
 from .restart import RestartBudget, resume_step
+from .rounds import LOST, SILENT, Registration, Round, RoundResult
 
 log = logging.getLogger("hvdkit.scheduler")
-FAILURE_GRACE_S = 3.0
-SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
-ABORT_WAIT_S = 30.0
-
-
-@dataclass(eq=False)
-class Registration:
-    channel: Channel
-    host: str  # the worker's address as the scheduler sees it: one per machine
-    hostname: str
-    pid: int
-    rank: int = -1
-    round: int = -1  # the round its program runs in (what its worker accepts messages for)
-    gone: bool = False  # its connection closed: the worker (or its machine) is lost
-
-    def send(self, **msg) -> bool:
-        try:
-            self.channel.send(**msg)
-            return True
-        except OSError:
-            self.gone = True
-            return False
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on {self.hostname} {self.host}"
 
 
 def assign_ranks(hosts_in_order: list[str], regs_by_host: dict[str, list]) -> list[dict]:
@@ -110,25 +85,6 @@ def layout_for(regs: list) -> list[dict]:
             by_host[r.host] = []
         by_host[r.host].append(r)
     return assign_ranks(hosts, by_host)
-
-
-@dataclass
-class RoundResult:
-    """How one round of the job ended."""
-
-    culprit: int | None = None  # None: every rank finished with status 0, or was preempted
-    detail: str = ""
-    tail: tuple = ()
-    preempted: str = ""  # a rank's "preempted after step N": the job stopped for SIGTERM
-    survivors: list | None = None  # elastic: the workers whose programs go on in-process
-    joining: list | None = None  # elastic: workers that join the survivors (a cold start)
-    # elastic: newcomers sent away from a growing round that failed through no fault of
-    # theirs; they wait to join again (not lost, no restart counted)
-    requeued: list | None = None
-
-    @property
-    def cause(self) -> str:
-        return self.detail if self.culprit is None else f"rank {self.culprit} {self.detail}"
 
 
 class Scheduler:
@@ -176,17 +132,17 @@ class Scheduler:
             ) from None
         self.sock.listen(64)
         # (registration, round or None if the connection was lost, code, detail, tail);
-        # code is an exit status, or protocol.READY, RESUMED or FINISHED (not an exit)
+        # code is an exit status, or READY, RESUMED, FINISHED, LOST or SILENT (rounds.Report)
         self.events: queue.Queue = queue.Queue()
         # elastic: a rank's training function returned; the job takes no newcomer now
-        self._finishing = False
-        self._round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
+        self.finishing = False
+        self.round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
         self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
         # round -> rank -> what it was doing, as workers answered a "describe"
         self._doings: dict[int, dict[int, str]] = {}
         self._doings_lock = threading.Lock()
         self._closing = threading.Event()
-        self._sigterm: list[str] = []  # filled by the SIGTERM handler run() installs
+        self.sigterm: list[str] = []  # filled by the SIGTERM handler run() installs
         self._admission: protocol.Admission | None = None  # started by _accept_one
 
     # ------------------------------------------------------------ registration
@@ -280,7 +236,7 @@ class Scheduler:
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers live on the main thread; SIGTERM stays fatal
             return
-        previous = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append("SIGTERM"))
+        previous = signal.signal(signal.SIGTERM, lambda *_: self.sigterm.append("SIGTERM"))
         try:
             yield
         finally:
@@ -333,7 +289,7 @@ class Scheduler:
                 log.info("all %d ranks finished successfully", len(regs))
                 return self._finish(everyone, 0)
             shown = "\n".join(f"    {ln}" for ln in result.tail) or "    (no output)"
-            if self._sigterm:  # told to stop: no restart
+            if self.sigterm:  # told to stop: no restart
                 log.error("job stopped after SIGTERM: %s; its last lines:\n%s", result.cause, shown)
                 return self._finish(everyone, 128 + signal.SIGTERM)
             delay = self.budget.record(result.cause)
@@ -346,7 +302,7 @@ class Scheduler:
             checkpoints = resume_step(config.get(config.CHECKPOINT_DIR))
             log.warning("%s", self.budget.restart_line("scheduler", checkpoints))
             time.sleep(delay)
-            self._finishing = False  # the restarted programs train again
+            self.finishing = False  # the restarted programs train again
             try:
                 regs = self._gather([r for r in regs if not r.gone])
             except LaunchError as exc:
@@ -474,7 +430,7 @@ class Scheduler:
                 else:
                     reg.round = round_
                     reg.send(**msg)
-            self._round_sizes[round_] = len(regs)
+            self.round_sizes[round_] = len(regs)
             kind = "in-process " if inplace and not joining else "growing " if joining else ""
             log.info(
                 "assigned %d ranks on %d host(s); rendezvous on port %d%s",
@@ -503,251 +459,26 @@ class Scheduler:
     def _watch(
         self, regs: list[Registration], round_: int, later: dict, meet: bool = False
     ) -> RoundResult:
-        """Follow a round until every rank reported; how it ended.
+        """Follow a round until every rank reported; how it ended (:class:`rounds.Round`)."""
+        return Round(self, regs, round_, later, meet).run()
 
-        ``later``: the survivors' assignments of a growing round, sent when
-        every joining worker said ``ready``; until then those workers still
-        run the previous round (their reports carry its number). ``meet``: the
-        ranks start Horovod in-process (survivors, newcomers of an elastic
-        job): each says ``ready``, and all are told ``go`` together
-        (:mod:`hvdkit._meeting`), so no rank waits in Gloo's rendezvous for
-        one that noticed the change later.
-        """
-        remaining = {r: r.rank for r in regs}
-        newcomers = {r for r in regs if r not in later} if later else set()
-        waiting = set(newcomers)  # newcomers whose programs are not ready yet
-        meeting = set(regs) if meet else set()  # ranks not yet ready to start Horovod
-        carried = meet  # the survivors' programs come from the round before (in-process)
-        ready_by = time.monotonic() + self.timeout_s
-        failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
-        exited_ok: list[int] = []
-        grace_until = None
-        described = False  # the other workers were asked what their ranks do
-        preempt_sent = False
-        # A worker lost before its listener saw this round's assignment.
-        for r in regs:
-            if r.gone:
-                self.events.put((r, None, -1, self._lost(r), []))
-        preempted = ""  # a rank's report "preempted after step N"
-        while remaining:
-            if self._sigterm and not preempt_sent:
-                self._preempt(remaining)
-                preempt_sent = True
-            if waiting and time.monotonic() > ready_by:
-                why = f"the joining workers' programs were not ready within {self.timeout_s:g} s"
-                return self._without(remaining, newcomers, why)
-            if not (later or meet or failures or preempt_sent or self._finishing):
-                # (after the go: a round whose ranks have met, and trained, takes newcomers)
-                grown = self._grow(remaining)
-                if grown is not None:
-                    return grown
-            timeout = SIGNAL_POLL_S if grace_until is None else grace_until - time.monotonic()
-            try:
-                reg, rnd, code, detail, tail = self.events.get(timeout=max(0.0, timeout))
-            except queue.Empty:
-                if grace_until is None:
-                    continue  # only a look at the signals
-                break  # grace over: stop the rest
-            if code == RESUMED:  # also of an earlier round: a newcomer may come first
-                ranks = self._round_sizes.get(rnd, "?")
-                log.info("round %d: %s ranks train again from step %s", rnd, ranks, detail)
-                continue
-            if code == FINISHED:  # of this round or the one before (a growing round)
-                if reg in remaining and self._training_over(reg.rank, remaining, newcomers):
-                    newcomers, waiting, later, meet = set(), set(), {}, False
-                continue
-            if reg not in remaining:
-                continue
-            if (
-                rnd is not None
-                and rnd != reg.round
-                and not (carried and reg not in newcomers and code != READY and rnd < reg.round)
-            ):
-                continue  # a late report of an earlier round
-            # (but a survivor carried in-process into this round runs the same program: if
-            # it ended just as its new world was sent, its report of the old round is now)
-            if code == READY:
-                if rnd != round_:
-                    continue  # ready for a round given up
-                waiting.discard(reg)
-                meeting.discard(reg)
-                if not waiting and later:  # the newcomers are ready: the survivors come
-                    for r, msg in later.items():
-                        r.round = round_
-                        r.send(**msg)
-                    later = {}
-                if meet and not meeting:  # every rank is ready: start Horovod together
-                    for r in remaining:
-                        r.send(type="go", round=round_)
-                    meet, newcomers = False, set()  # members like the others from now on
-                continue
-            rank = remaining.pop(reg)
-            if later:  # the survivors were not told yet: they still train in their world
-                ended = RoundResult(rank, detail, tuple(tail))
-                if reg in newcomers:  # it is lost; the other newcomers wait to join again
-                    remaining[reg] = rank  # _without() sends it away with the others
-                    why = f"joining rank {rank} {detail}"
-                    return self._without(remaining, newcomers, why, ended, newcomers - {reg})
-                if code != 0:  # a survivor died: the others regroup; the newcomers wait
-                    why = f"a survivor was lost meanwhile: rank {rank} {detail}"
-                    return self._without(remaining, newcomers, why, ended, newcomers)
-            if code == 0 and reg not in newcomers:  # (its worker may not have said "finished")
-                if self._training_over(rank, remaining, newcomers):
-                    newcomers, waiting, later, meet = set(), set(), {}, False
-            if code == config.EXIT_PREEMPTED:
-                preempted = preempted or detail
-                continue
-            if code == 0:
-                if not failures:
-                    exited_ok.append(rank)
-                continue
-            failures[rank] = (detail, tail)
-            if (
-                self.elastic
-                and len(remaining) >= self.min_workers
-                and not (preempt_sent or self._finishing)
-            ):
-                # The others' programs notice the dead peer (a closed connection, our
-                # word through their workers, or Gloo's timeout) and
-                # wait for their next assignment: no abort, no restart.
-                return RoundResult(rank, detail, tuple(tail), survivors=list(remaining))
-            if detail.startswith(STUCK) and not described:
-                # A worker sees only its own ranks: ask the others what theirs
-                # are doing, so the report names every rank's collective.
-                for r in remaining:
-                    r.send(type="describe", round=r.round)
-                described = True
-            if grace_until is None:
-                # Other ranks usually fail right after the real culprit;
-                # collect them briefly so the report names the right one.
-                grace_until = time.monotonic() + FAILURE_GRACE_S
-        if not failures:
-            return RoundResult(preempted=preempted)
-        tails = {rank: tail for rank, (_, tail) in failures.items()}
-        blame = root_cause(list(failures), tails, exited_ok)
-        culprit = blame.rank
-        detail, tail = failures.get(culprit, (blame.how, []))
-        log.error("rank %d failed: %s; stopping the other workers", culprit, detail)
-        for other, (said, _) in sorted(failures.items()):
-            if other != culprit and said.startswith(STUCK):  # what each rank waited in
-                log.error("rank %d also: %s", other, said)
+    def take_doings(self, round_: int) -> dict[int, str]:
+        """What each rank of ``round_`` was doing, as workers answered a ``describe``."""
         with self._doings_lock:
-            doings = self._doings.pop(round_, {})
-        meanwhile = [f"rank {o} {d}" for o, d in sorted(doings.items()) if o not in failures]
-        for line in meanwhile:
-            log.error("%s meanwhile", line)
-        if meanwhile:  # the job's final report names every rank too
-            detail = f"{detail}. Meanwhile {'; '.join(meanwhile)}"
-        for r in remaining:
-            r.send(type="abort", round=r.round, reason=f"rank {culprit} failed: {detail}")
-        deadline = time.monotonic() + ABORT_WAIT_S
-        while remaining and time.monotonic() < deadline:
-            try:
-                reg, rnd, code, *_ = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if code in (READY, RESUMED, FINISHED):  # not an exit report
-                continue
-            if reg in remaining and (rnd is None or rnd == round_):
-                remaining.pop(reg)
-        if remaining:
-            log.error(
-                "ranks %s did not report after being told to stop", sorted(remaining.values())
-            )
-            for r in remaining:  # not trusted with another round
-                r.gone = True
-                r.channel.close()
-        return RoundResult(culprit, detail, tuple(tail))
-
-    def _training_over(self, rank: int, remaining: dict, newcomers: set) -> bool:
-        """``rank`` finished training: the job takes no newcomer from now on.
-
-        Newcomers of this round still waiting to meet are sent away (they
-        would wait for a world that never forms) and the others run to their
-        end in the world they have; True if there were any.
-        """
-        if not self._finishing:
-            self._finishing = True
-            if self.elastic:
-                log.info("rank %d finished training: the job takes no newcomer now", rank)
-        if not newcomers & remaining.keys():
-            return False
-        self._send_away(remaining, newcomers, "the job finished training")
-        return True
-
-    def _grow(self, remaining: dict) -> RoundResult | None:
-        """Elastic and short of workers: a registered newcomer makes the next round bigger."""
-        if not self.elastic or len(remaining) >= self.worker_num:
-            return None
-        joining = []
-        while len(remaining) + len(joining) < self.worker_num:
-            try:
-                reg = self.newcomers.get_nowait()
-            except queue.Empty:
-                break
-            if not reg.gone:
-                joining.append(reg)
-        if not joining:
-            return None
-        return RoundResult(survivors=list(remaining), joining=joining)
-
-    def _without(
-        self,
-        remaining: dict,
-        newcomers: set,
-        why: str,
-        ended: RoundResult | None = None,
-        requeue: set = frozenset(),
-    ) -> RoundResult:
-        """A growing round that cannot form: the newcomers are sent away, the others regroup.
-
-        ``ended``: the rank whose end made it fail (its cause is the round's);
-        without one, the newcomers are the cause (their programs were not
-        ready). ``requeue``: newcomers that did nothing wrong; they wait to
-        join again, without counting a restart.
-        """
-        self._send_away(remaining, newcomers, why)
-        survivors = [r for r in remaining if not r.gone]
-        if not survivors or len(survivors) < self.min_workers:
-            for r in survivors:
-                r.send(type="abort", round=r.round, reason=why)
-            if ended is not None:
-                return ended
-            return RoundResult(remaining.get(survivors[0], 0) if survivors else 0, why)
-        base = ended or RoundResult(detail=why)
-        waiting = [r for r in requeue if not r.gone]
-        return dataclasses.replace(base, survivors=survivors, requeued=waiting)
+            return self._doings.pop(round_, {})
 
     @staticmethod
-    def _send_away(remaining: dict, newcomers: set, why: str) -> None:
-        log.warning("the joining workers are sent away (%s)", why)
-        for r in newcomers:
-            if remaining.pop(r, None) is not None:
-                r.send(type="abort", round=r.round, reason=f"could not join the job: {why}")
-
-    def _preempt(self, regs) -> None:
-        """Pass the scheduler's SIGTERM on: every worker forwards it to its rank."""
-        log.warning(
-            "SIGTERM: asking the %d workers to stop their ranks at a common step and "
-            "checkpoint it (grace period %g s, %s)",
-            len(regs),
-            config.preempt_grace(),
-            config.PREEMPT_GRACE,
-        )
-        for r in regs:
-            r.send(type="preempt", round=r.round, reason="the scheduler received SIGTERM")
-
-    @staticmethod
-    def _lost(reg: Registration) -> str:
+    def lost(reg: Registration) -> str:
         return f"lost its worker ({reg.describe()}) without an exit report"
 
     def _listen(self, reg: Registration) -> None:
-        lost = None  # why the worker is lost, if not "without an exit report"
+        lost, how = None, LOST  # why the worker is lost, if not "without an exit report"
         while True:
             try:
                 msg = reg.channel.recv()
             except protocol.Silent:
                 lost = f"lost its worker ({reg.describe()}): no word for {self.silence_s:g} s"
+                how = SILENT
                 log.warning("%s, not even a keep-alive: its machine or network may be down", lost)
                 msg = None
             except Exception as exc:  # the worker is as good as lost; never a dead thread
@@ -756,7 +487,7 @@ class Scheduler:
                 msg = None
             if msg is None:
                 reg.gone = True
-                self.events.put((reg, None, -1, lost or self._lost(reg), []))
+                self.events.put((reg, None, how, lost or self.lost(reg), []))
                 return
             if msg.get("type") == "exit":
                 self.events.put((reg, *_exit_report(msg)))

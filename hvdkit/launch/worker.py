@@ -217,6 +217,24 @@ class _Inbox:
         with self._lock:
             self._round = round_
 
+    def news(self) -> tuple[list[int], list[dict]]:
+        """Take the running round's ``go`` rounds and new worlds, oldest first.
+
+        The round's number becomes the last new world's (the program's exit
+        is reported as of it). Taken under the lock the reading thread holds
+        while it adds to them and compares rounds, so it never sees half a change.
+        """
+        with self._lock:
+            running = self._round
+            if running is None:
+                return [], []
+            go, worlds = list(running.go), list(running.reassign)
+            running.go.clear()
+            running.reassign.clear()
+            if worlds:
+                running.number = int(worlds[-1]["round"])
+            return go, worlds
+
     def next(self) -> dict | None:
         return self._queue.get()
 
@@ -484,7 +502,8 @@ class _ProgramRun:
       ``preempt`` reach the program; it returns why to stop it, if it must.
 
     The reasons to stop are the round's (:class:`_Round`), which the inbox
-    thread fills too; only :meth:`_tick` adds to them.
+    thread fills too; only :meth:`_tick` adds to them. The ``go``s and new
+    worlds the inbox keeps are taken with :meth:`_Inbox.news`, under its lock.
     """
 
     def __init__(self, job: _Job, assign: dict, signals: list[str]):
@@ -591,7 +610,7 @@ class _ProgramRun:
 
     def _relay_elastic(self) -> None:
         """The hand-over folder's news to the scheduler; the scheduler's word into the folder."""
-        ch, elastic, running, rank = self.job.ch, self.elastic, self.running, self.rank
+        ch, elastic, rank = self.job.ch, self.elastic, self.rank
         ready = elastic.newly_ready()
         if ready is not None:
             log.info("rank %d is ready for round %d", rank, ready)
@@ -603,11 +622,10 @@ class _ProgramRun:
         if finished is not None:
             log.info("rank %d finished training (round %d)", rank, finished)
             _send(ch, type=protocol.FINISHED, round=finished)
-        while running.go:
-            elastic.go(running.go.pop(0))
-        while running.reassign:  # the job lost or gained a worker: our program goes on
-            new = running.reassign.pop(0)
-            running.number = int(new["round"])  # its exit is reported as of this round
+        go, worlds = self.job.inbox.news()
+        for round_ in go:
+            elastic.go(round_)
+        for new in worlds:  # the job lost or gained a worker: our program goes on
             if elastic.finished is not None:  # it will not read it: no new world for it
                 log.info("rank %d finished training: it stays out of round %d", rank, new["round"])
                 continue

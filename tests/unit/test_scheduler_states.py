@@ -1,0 +1,502 @@
+"""The scheduler's round as a state machine (hvdkit.launch.rounds), without processes.
+
+Every row of the transition table is walked: a round is put in the row's phase
+with fake workers, the row's event is fed to it, and the test checks the phase
+it leaves, the messages each worker was sent and the round's result.
+"""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from hvdkit import config
+from hvdkit.launch import rounds
+from hvdkit.launch.rounds import LOST, SILENT, TRANSITIONS, Event, Phase, Registration, Round
+
+FINISHED, READY, RESUMED = rounds.FINISHED, rounds.READY, rounds.RESUMED
+J, M, T, G, E = Phase.JOINING, Phase.MEETING, Phase.TRAINING, Phase.GRACE, Phase.ENDED
+
+
+class Wire:
+    """A worker's end of the scheduler's channel: what the scheduler sent it."""
+
+    def __init__(self):
+        self.sent: list[dict] = []
+
+    def send(self, **msg):
+        self.sent.append(msg)
+
+    def close(self):
+        pass
+
+
+class FakeJob:
+    """The scheduler as a round sees it (rounds.Job)."""
+
+    def __init__(self, *, elastic=True, worker_num=3, min_workers=2):
+        self.events: queue.Queue = queue.Queue()
+        self.newcomers: queue.Queue = queue.Queue()
+        self.sigterm: list[str] = []
+        self.elastic, self.worker_num, self.min_workers = elastic, worker_num, min_workers
+        self.timeout_s = 60.0
+        self.finishing = False
+        self.round_sizes = {7: 3}
+        self.doings: dict[int, dict[int, str]] = {}
+
+    def take_doings(self, round_):
+        return self.doings.pop(round_, {})
+
+    def lost(self, reg):
+        return f"lost its worker ({reg.describe()}) without an exit report"
+
+
+def workers(*rounds_: int) -> list[Registration]:
+    """Workers of ranks 0, 1, ... whose programs run in the given rounds."""
+    return [
+        Registration(Wire(), "127.0.0.1", "vm", 100 + i, rank=i, round=r)
+        for i, r in enumerate(rounds_)
+    ]
+
+
+def sent(reg) -> list[dict]:
+    return reg.channel.sent
+
+
+def kinds(reg) -> list[str]:
+    return [m["type"] for m in reg.channel.sent]
+
+
+walked: set = set()  # the rows the cases below went through
+
+
+def feed(rnd: Round, event: Event, reg=None, round_=None, code=None, detail="") -> Phase:
+    """Give ``rnd`` one event; check the row's declared next phases; the phase it is in."""
+    row = (rnd.phase, event)
+    assert row in TRANSITIONS, f"no row for {row}"
+    report = None
+    if reg is not None:
+        code = {Event.READY: READY, Event.RESUMED: RESUMED, Event.FINISHED: FINISHED}.get(
+            event, code
+        )
+        report = rounds.Report(reg, round_, code, detail)
+        assert report.event is event
+    rnd.handle(event, report)
+    assert rnd.phase in TRANSITIONS[row][1], (row, rnd.phase)
+    walked.add(row)
+    return rnd.phase
+
+
+# ------------------------------------------------------------------ rounds in each phase
+
+
+def joining(job=None):
+    """A growing round 6: a, b, c (survivors of round 5) are joined by d."""
+    job = job or FakeJob(worker_num=4)
+    a, b, c, d = workers(5, 5, 5, 6)
+    later = {r: {"type": "assign", "round": 6, "inplace": True, "rank": r.rank} for r in (a, b, c)}
+    rnd = Round(job, [a, b, c, d], 6, later, meet=True)
+    assert rnd.phase is J
+    return rnd, (a, b, c, d)
+
+
+def meeting(job=None):
+    """An in-process round 7: a, b, c go on after a loss and meet before starting Horovod."""
+    regs = workers(7, 7, 7)
+    rnd = Round(job or FakeJob(), regs, 7, {}, meet=True)
+    assert rnd.phase is M
+    return rnd, regs
+
+
+def training(job=None):
+    """Round 7 of ranks a, b, c that start their programs (a first round, a restart)."""
+    regs = workers(7, 7, 7)
+    rnd = Round(job or FakeJob(), regs, 7, {}, meet=False)
+    assert rnd.phase is T
+    return rnd, regs
+
+
+def grace():
+    """Round 7 of a job that is not elastic: rank 2 failed; the others are waited for."""
+    rnd, (a, b, c) = training(FakeJob(elastic=False))
+    assert feed(rnd, Event.FAILED, c, 7, 1, "exit code 1") is G
+    return rnd, (a, b, c)
+
+
+# ------------------------------------------------------------------ JOINING
+
+
+def case_joining_ready():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.READY, d, 5) is J  # ready for a round given up: nothing
+    assert feed(rnd, Event.READY, d, 6) is M  # the newcomer is ready: the survivors are told
+    assert [m["round"] for m in sent(a) + sent(b) + sent(c)] == [6, 6, 6]
+    assert kinds(a) == ["assign"] and (a.round, rnd.unready) == (6, {a, b, c})
+    assert sent(d) == []
+
+
+def case_joining_resumed():
+    rnd, regs = joining()
+    assert feed(rnd, Event.RESUMED, regs[0], 5, detail="12") is J
+    assert all(sent(r) == [] for r in regs)
+
+
+def case_joining_finished():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.FINISHED, b, 5) is T
+    assert rnd.job.finishing and set(rnd.remaining) == {a, b, c}
+    why = "could not join the job: the job finished training"
+    assert sent(d) == [{"type": "abort", "round": 6, "reason": why}]
+    assert sent(a) == sent(b) == sent(c) == []  # they train on in round 5 to their end
+
+
+def case_joining_exited():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.EXITED, a, 5, 0) is T  # a survivor finished: d is sent away
+    assert rnd.exited_ok == [0] and kinds(d) == ["abort"] and set(rnd.remaining) == {b, c}
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.EXITED, d, 6, 0, "exit code 0") is E  # a newcomer ended: lost
+    assert (rnd.result.culprit, rnd.result.survivors) == (3, [a, b, c])
+
+
+def case_joining_preempted():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.PREEMPTED, d, 6, config.EXIT_PREEMPTED, "preempted after step 3") is E
+    assert rnd.result.cause == "rank 3 preempted after step 3"
+    assert (rnd.result.survivors, rnd.result.requeued) == ([a, b, c], [])
+
+
+def case_joining_failed():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.FAILED, a, 5, -9, "killed by signal 9") is E
+    assert rnd.result.cause == "rank 0 killed by signal 9"
+    assert (rnd.result.survivors, rnd.result.requeued) == ([b, c], [d])  # d waits to join
+    why = "could not join the job: a survivor was lost meanwhile: rank 0 killed by signal 9"
+    assert sent(d) == [{"type": "abort", "round": 6, "reason": why}]
+    assert sent(b) == sent(c) == []  # regrouped next round
+
+
+def case_joining_lost():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.LOST, d, None, LOST, "lost its worker") is E
+    assert (rnd.result.culprit, rnd.result.survivors, rnd.result.requeued) == (3, [a, b, c], [])
+
+
+def case_joining_silent():
+    rnd, (a, b, c, d) = joining(FakeJob(worker_num=4, min_workers=3))
+    assert feed(rnd, Event.SILENT, b, None, SILENT, "lost its worker: no word for 10 s") is E
+    # too few left to regroup (2 < HVDKIT_MIN_WORKERS=3): they are stopped; b is the cause
+    assert (rnd.result.culprit, rnd.result.survivors) == (1, None)
+    assert kinds(a) == kinds(c) == kinds(d) == ["abort"]
+
+
+def case_joining_late():
+    rnd, (a, b, c, d) = joining()
+    assert feed(rnd, Event.LATE) is E
+    why = "the joining workers' programs were not ready within 60 s"
+    assert (rnd.result.cause, rnd.result.survivors) == (why, [a, b, c])
+    assert sent(d) == [{"type": "abort", "round": 6, "reason": f"could not join the job: {why}"}]
+
+
+def case_joining_sigterm():
+    rnd, regs = joining()
+    assert feed(rnd, Event.SIGTERM) is J and rnd.preempting
+    assert [(m["type"], m["round"]) for r in regs for m in sent(r)] == [
+        ("preempt", 5),
+        ("preempt", 5),
+        ("preempt", 5),
+        ("preempt", 6),
+    ]
+    assert not rnd.takes_newcomers()
+
+
+# ------------------------------------------------------------------ MEETING
+
+
+def case_meeting_ready():
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.READY, a, 7) is M and feed(rnd, Event.READY, b, 7) is M
+    assert sent(a) == []
+    assert feed(rnd, Event.READY, c, 7) is T  # everyone is ready: all start together
+    assert all(sent(r) == [{"type": "go", "round": 7}] for r in (a, b, c))
+
+
+def case_meeting_resumed():
+    rnd, regs = meeting()
+    assert feed(rnd, Event.RESUMED, regs[0], 6, detail="20") is M
+
+
+def case_meeting_finished():
+    rnd, (a, b, c) = meeting()  # no newcomer: the meeting goes on
+    assert feed(rnd, Event.FINISHED, a, 7) is M and rnd.job.finishing
+    rnd, (a, b, c, d) = joining()  # a growing round whose survivors were told
+    feed(rnd, Event.READY, d, 6)
+    assert feed(rnd, Event.FINISHED, a, 5) is T  # they will not meet d: it is sent away
+    assert kinds(d) == ["abort"] and kinds(a) == ["assign"]
+
+
+def case_meeting_exited():
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.EXITED, a, 7, 0) is M
+    assert (rnd.exited_ok, rnd.job.finishing) == ([0], True)
+
+
+def case_meeting_preempted():
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.PREEMPTED, b, 7, config.EXIT_PREEMPTED, "preempted after step 4") is M
+    assert (rnd.preempted, set(rnd.remaining)) == ("preempted after step 4", {a, c})
+
+
+def case_meeting_failed():
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.FAILED, b, 7, 1, "exit code 1") is E
+    assert (rnd.result.cause, rnd.result.survivors) == ("rank 1 exit code 1", [a, c])
+
+
+def case_meeting_lost():
+    rnd, (a, b, c) = meeting(FakeJob(min_workers=3))  # too few would be left: the grace period
+    assert feed(rnd, Event.LOST, a, None, LOST, "lost its worker") is G
+    assert rnd.result is None and rnd.grace_until is not None
+
+
+def case_meeting_silent():
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.SILENT, c, None, SILENT, "lost its worker: no word for 10 s") is E
+    assert rnd.result.survivors == [a, b]
+
+
+def case_meeting_sigterm():
+    rnd, regs = meeting()
+    assert feed(rnd, Event.SIGTERM) is M
+    assert all(kinds(r) == ["preempt"] for r in regs)
+
+
+# ------------------------------------------------------------------ TRAINING
+
+
+def case_training_ready():
+    rnd, regs = training()
+    assert feed(rnd, Event.READY, regs[0], 7) is T and sent(regs[0]) == []
+
+
+def case_training_resumed():
+    rnd, regs = training()
+    assert feed(rnd, Event.RESUMED, regs[0], 7, detail="30") is T
+
+
+def case_training_finished():
+    rnd, regs = training()
+    assert feed(rnd, Event.FINISHED, regs[1], 7) is T and rnd.job.finishing
+    assert not rnd.recoverable()  # a failure now is not recovered in-process
+
+
+def case_training_exited():
+    rnd, (a, b, c) = training()
+    assert feed(rnd, Event.EXITED, c, 7, 0) is T and rnd.exited_ok == [2]
+
+
+def case_training_preempted():
+    rnd, regs = training()
+    assert feed(rnd, Event.PREEMPTED, regs[0], 7, config.EXIT_PREEMPTED, "preempted") is T
+
+
+def case_training_failed():
+    rnd, (a, b, c) = training()
+    assert feed(rnd, Event.FAILED, b, 7, 3, "exit code 3") is E
+    assert (rnd.result.culprit, rnd.result.survivors) == (1, [a, c])
+    rnd, (a, b, c) = training(FakeJob(elastic=False))
+    assert feed(rnd, Event.FAILED, b, 7, 3, "exit code 3") is G
+
+
+def case_training_lost():
+    rnd, (a, b, c) = training()
+    # a report of an earlier round, or from a worker not in this round, is dropped
+    assert feed(rnd, Event.EXITED, a, 6, 0) is T and a in rnd.remaining
+    assert feed(rnd, Event.LOST, a, None, LOST, "lost its worker") is E
+    assert rnd.result.survivors == [b, c]
+
+
+def case_training_silent():
+    job = FakeJob()
+    job.finishing = True  # training is over: no recovery in-process
+    rnd, (a, b, c) = training(job)
+    assert feed(rnd, Event.SILENT, a, None, SILENT, "no word") is G
+
+
+def case_training_newcomer():
+    job = FakeJob(worker_num=4)
+    gone, d = workers(8, 8)
+    gone.gone = True
+    job.newcomers.put(gone)
+    job.newcomers.put(d)
+    rnd, regs = training(job)
+    assert rnd.takes_newcomers()
+    assert feed(rnd, Event.NEWCOMER) is E
+    assert (rnd.result.survivors, rnd.result.joining) == (regs, [d])
+    rnd, regs = training(job)
+    job.newcomers.put(gone)  # only a worker that is gone: nothing changes
+    assert feed(rnd, Event.NEWCOMER) is T and job.newcomers.empty()
+
+
+def case_training_sigterm():
+    job = FakeJob(worker_num=4)
+    rnd, regs = training(job)
+    assert feed(rnd, Event.SIGTERM) is T and not rnd.takes_newcomers()
+    assert all(
+        sent(r) == [{"type": "preempt", "round": 7, "reason": "the scheduler received SIGTERM"}]
+        for r in regs
+    )
+
+
+# ------------------------------------------------------------------ GRACE
+
+
+def case_grace_ready():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.READY, a, 7) is G and sent(a) == []
+
+
+def case_grace_resumed():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.RESUMED, a, 7, detail="1") is G
+
+
+def case_grace_finished():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.FINISHED, a, 7) is G and rnd.job.finishing
+
+
+def case_grace_exited():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.EXITED, a, 7, 0) is G
+    assert rnd.exited_ok == []  # after a failure an exit 0 proves nothing about the culprit
+
+
+def case_grace_preempted():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.PREEMPTED, b, 7, config.EXIT_PREEMPTED, "preempted after step 2") is G
+
+
+def case_grace_failed():
+    rnd, (a, b, c) = grace()
+    stuck = f"{rounds.STUCK} waits in allreduce 'x' for 30 s"
+    assert feed(rnd, Event.FAILED, a, 7, 1, stuck) is G
+    assert kinds(b) == ["describe"] and list(rnd.failures) == [2, 0]
+
+
+def case_grace_lost():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.LOST, b, None, LOST, "lost its worker") is G
+    assert list(rnd.failures) == [2, 1]
+
+
+def case_grace_silent():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.SILENT, b, None, SILENT, "no word") is G
+
+
+def case_grace_grace_over():
+    rnd, (a, b, c) = grace()
+    rnd.job.events.put((a, 7, 1, "exit code 1", []))  # the told ranks' reports come
+    rnd.job.events.put((b, 7, 1, "exit code 1", []))
+    assert feed(rnd, Event.GRACE_OVER) is E
+    assert (rnd.result.culprit, rnd.result.detail) == (2, "exit code 1")
+    reason = "rank 2 failed: exit code 1"
+    assert sent(a) == sent(b) == [{"type": "abort", "round": 7, "reason": reason}]
+    assert not a.gone and not rnd.remaining
+
+
+def case_grace_sigterm():
+    rnd, (a, b, c) = grace()
+    assert feed(rnd, Event.SIGTERM) is G and kinds(a) == kinds(b) == ["preempt"]
+
+
+# ------------------------------------------------------------------ the tests
+
+CASES = {
+    (J, Event.READY): case_joining_ready,
+    (J, Event.RESUMED): case_joining_resumed,
+    (J, Event.FINISHED): case_joining_finished,
+    (J, Event.EXITED): case_joining_exited,
+    (J, Event.PREEMPTED): case_joining_preempted,
+    (J, Event.FAILED): case_joining_failed,
+    (J, Event.LOST): case_joining_lost,
+    (J, Event.SILENT): case_joining_silent,
+    (J, Event.LATE): case_joining_late,
+    (J, Event.SIGTERM): case_joining_sigterm,
+    (M, Event.READY): case_meeting_ready,
+    (M, Event.RESUMED): case_meeting_resumed,
+    (M, Event.FINISHED): case_meeting_finished,
+    (M, Event.EXITED): case_meeting_exited,
+    (M, Event.PREEMPTED): case_meeting_preempted,
+    (M, Event.FAILED): case_meeting_failed,
+    (M, Event.LOST): case_meeting_lost,
+    (M, Event.SILENT): case_meeting_silent,
+    (M, Event.SIGTERM): case_meeting_sigterm,
+    (T, Event.READY): case_training_ready,
+    (T, Event.RESUMED): case_training_resumed,
+    (T, Event.FINISHED): case_training_finished,
+    (T, Event.EXITED): case_training_exited,
+    (T, Event.PREEMPTED): case_training_preempted,
+    (T, Event.FAILED): case_training_failed,
+    (T, Event.LOST): case_training_lost,
+    (T, Event.SILENT): case_training_silent,
+    (T, Event.NEWCOMER): case_training_newcomer,
+    (T, Event.SIGTERM): case_training_sigterm,
+    (G, Event.READY): case_grace_ready,
+    (G, Event.RESUMED): case_grace_resumed,
+    (G, Event.FINISHED): case_grace_finished,
+    (G, Event.EXITED): case_grace_exited,
+    (G, Event.PREEMPTED): case_grace_preempted,
+    (G, Event.FAILED): case_grace_failed,
+    (G, Event.LOST): case_grace_lost,
+    (G, Event.SILENT): case_grace_silent,
+    (G, Event.GRACE_OVER): case_grace_grace_over,
+    (G, Event.SIGTERM): case_grace_sigterm,
+}
+
+
+@pytest.mark.parametrize("row", list(CASES), ids=lambda r: f"{r[0].name}-{r[1].name}")
+def test_each_row(row):
+    walked.discard(row)
+    CASES[row]()
+    assert row in walked, f"{CASES[row].__name__} never fed {row}"
+
+
+def test_every_row_of_the_table_has_a_case():
+    assert set(CASES) == set(TRANSITIONS)
+
+
+def test_the_docstring_table_is_the_one_the_code_uses():
+    """rounds' module docstring lists the transitions a reader sees: the same as the code's."""
+    listed = {}
+    for line in rounds.__doc__.splitlines():
+        words = line.split()
+        handlers = [i for i, w in enumerate(words) if w.startswith("on_") or w == "conclude"]
+        if not words or words[0] not in Phase.__members__ or not handlers:
+            continue  # not a row of the table
+        at = handlers[0]
+        for name in words[1:at]:
+            listed[(Phase[words[0]], Event[name])] = (words[at], frozenset(words[at + 1 :]))
+    coded = {
+        row: (handler.__name__, frozenset(p.name for p in after))
+        for row, (handler, after) in TRANSITIONS.items()
+    }
+    assert listed == coded
+
+
+def test_a_round_runs_from_the_queue_to_its_result():
+    """run(): reports come from the job's queue; a round whose ranks all reported ends."""
+    job = FakeJob(elastic=False)
+    a, b = workers(3, 3)
+    for reg, rnd, code in [(a, 2, 1), (b, 3, FINISHED), (a, 3, 0), (b, 3, 0)]:
+        job.events.put((reg, rnd, code, "exit code 1" if code == 1 else "", []))
+    result = Round(job, [a, b], 3, {}, meet=False).run()  # a's report of round 2: dropped
+    assert (result.culprit, result.preempted, result.survivors) == (None, "", None)
+    job = FakeJob(elastic=False)
+    a, b = workers(3, 3)
+    b.gone = True  # lost before its listener saw the round: a LOST report is made for it
+    job.events.put((a, 3, 0, "", []))
+    result = Round(job, [a, b], 3, {}, meet=False).run()
+    assert result.cause == "rank 1 lost its worker (pid 101 on vm 127.0.0.1) without an exit report"
