@@ -36,14 +36,28 @@ class _Probe:
         self._counters = counters
         self._last = (0, 0, -1)
         self._since: tuple[int, float] = (0, 0.0)  # (entry count, first seen in it)
+        self._lag = 0  # entries that failed (forget): they never count as left
+
+    def _read(self) -> tuple[int, int, int]:
+        try:
+            self._last = tuple(int(v.numpy()) for v in self._counters)
+        except Exception:  # TensorFlow shutting down at exit: keep the last reading
+            pass
+        return self._last
+
+    def forget(self) -> None:
+        """Horovod was shut down (:func:`hvdkit._progress.forget_waits`): the allreduces
+        entered so far failed, and will never be left. A wait that no status saw before
+        would otherwise be timed from the first status after, and grow while the rank
+        rejoins."""
+        entered, left, _ = self._read()
+        self._lag = entered - left
 
     def __call__(self) -> tuple[int, list[tuple[str, float]]]:
-        try:
-            entered, left, step = (int(v.numpy()) for v in self._counters)
-            self._last = (entered, left, step)
-        except Exception:  # TensorFlow shutting down at exit: keep the last reading
-            entered, left, step = self._last
-        if entered <= left:
+        entered, left, step = self._read()
+        if entered - self._lag <= left:
+            if entered <= left:
+                self._lag = 0
             return left, []
         if self._since[0] != entered:  # a new allreduce: its wait starts now (within a beat)
             self._since = (entered, time.monotonic())

@@ -63,6 +63,11 @@ def forget_waits() -> None:
     with _lock:
         _inflight.clear()
         _forgotten_before = time.monotonic()
+        probes = list(_probes)
+    for probe in probes:  # a probe that counts entries learns that these are over
+        forget = getattr(probe, "forget", None)
+        if forget is not None:
+            forget()
 
 
 def label(what: str, step: int | None = None) -> str:

@@ -77,6 +77,9 @@ _PEER_LOST = ("Horovod has been shut down", "gloo/transport/")
 # scheduler's word of a lost peer to come (the worker's SIGTERM grace of a stopped rank, 5 s,
 # and the scheduler's round).
 _START_MARGIN_S = 10.0
+# ... and between two ranks of that round giving up: time for the scheduler to form the
+# world without the first (its worker's report, the new round, the word to every worker).
+_START_STAGGER_S = 5.0
 
 
 # Regroup (hvdkit.preemption) and enabled (hvdkit._meeting, beside join_waiting) are
@@ -400,7 +403,9 @@ def _join_next_world() -> int:
     If none comes within the stall timeout plus Gloo's and a margin, nobody was
     lost (a peer was only slower to connect than Gloo's timeout) and the rank
     ends with a :class:`LaunchError`: its worker reports it, and the others go
-    on without it, as after any lost rank.
+    on without it, as after any lost rank. Every rank of the round failed its
+    start then, at about the same time, so the ranks wait in turns (the last
+    rank first, :data:`_START_STAGGER_S` apart): only the first to end is lost.
     """
     folder = config.get(config.ELASTIC_DIR)
     timeout, failed = config.sched_timeout(), None
@@ -422,8 +427,7 @@ def _join_next_world() -> int:
                 raise LaunchError(
                     f"Horovod could not start in round {seen} ({failed}) and no peer was reported "
                     f"lost within {limit:g} s: one was slower to connect than Gloo's timeout "
-                    f"({config.GLOO_TIMEOUT}); raise it for a loaded machine. This rank ends; "
-                    "the others go on without it."
+                    f"({config.GLOO_TIMEOUT}); raise it for a loaded machine. This rank ends."
                 ) from None
             raise LaunchError(
                 f"a peer was lost and no new world formed within {timeout:g} s "
@@ -451,7 +455,9 @@ def _after_failed_start_s() -> float:
     """
     stall = config.get_float(config.STALL_TIMEOUT, config.DEFAULT_STALL_TIMEOUT_S, positive=True)
     gloo = config.get_float(config.GLOO_TIMEOUT, config.ELASTIC_GLOO_TIMEOUT_S, positive=True)
-    return stall + gloo + _START_MARGIN_S
+    rank = config.get_int("HOROVOD_RANK", 0, minimum=0)  # in the round that failed to start
+    size = config.get_int(config.HOROVOD_SIZE, rank + 1, minimum=rank + 1)
+    return stall + gloo + _START_MARGIN_S + _START_STAGGER_S * (size - 1 - rank)
 
 
 def _models_of(state) -> list:

@@ -88,3 +88,17 @@ def test_probe_keeps_its_last_reading_when_the_variables_cannot_be_read():
     probe._counters = [Broken(), Broken(), Broken()]
     again, waits_again = probe()
     assert again == 2 and waits_again == waits  # same wait, same start
+
+
+def test_a_failed_allreduce_no_status_saw_is_not_waited_in_after_forget_waits():
+    # hvdkit.elastic: the step's allreduce failed (never left) before a heartbeat read
+    # it; Horovod is shut down and the rank rejoins: it must not be "waiting" meanwhile
+    enter_only(tf.constant(12, tf.int64))
+    _progress.forget_waits()
+    assert _progress.WAITING not in status()
+    base = status()[_progress.COMPLETED]
+    whole_reduction(tf.constant([1.0]), tf.constant(13, tf.int64))  # the next world's step
+    after = status()
+    assert after[_progress.COMPLETED] == base + 1 and _progress.WAITING not in after
+    enter_only(tf.constant(14, tf.int64))  # a new wait is seen again
+    assert status()[_progress.WAITING] == "gradient allreduce (step 14)"
