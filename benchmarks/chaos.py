@@ -1,18 +1,34 @@
-"""Time to train again under random faults, in-process recovery (hvdkit.elastic).
+"""Chaos: faults aimed at each phase of an elastic job, and how each one ended.
 
-    python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--keep DIR] [--netns]
+    python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--cells 11] [--keep DIR]
+    python benchmarks/chaos.py --netns [--seeds 5]      # faults at random steps, network cuts too
 
 Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
-``HVDKIT_ELASTIC=1``: 4 workers, ``HVDKIT_MIN_WORKERS=2``,
-``HVDKIT_MAX_RESTARTS=3`` (a worker whose program died joins again), a stall
-timeout of 8 s. The program is the tests' ``tests/multiproc/ft_train.py
---mode elastic`` (``fit`` inside ``@hvdkit.elastic.run``, 4 epochs of 192
-samples, steps of at least 0.2 s) with three faults drawn from the seed,
-each at a random step in its own window: a SIGKILL of a rank, a frozen rank
-(SIGSTOP) or a lost worker (a new worker is started when the scheduler
-reports it). The program records the time of each fault and of every step.
+``HVDKIT_ELASTIC=1``: the phase x fault test's job (tests/test_phases_mp.py:
+3 workers, ``HVDKIT_MIN_WORKERS=2``, a stall timeout of 6 s,
+tests/multiproc/ft_train.py ``--mode elastic`` with steps of at least
+0.25 s). The seed draws ``--cells`` faults, each a phase of
+:data:`hvdkit._phases.PHASES` (the first one a phase of training, so that
+the next ones find a newcomer whose regrouping they can hit; the faults at
+Horovod's start and at the rollback last; the job's end not drawn) and a
+kind: a SIGKILL of the process, a freeze (SIGSTOP) or a lost worker (the
+process pauses in the phase, its worker is SIGKILLed). The phase hooks aim
+each fault: the first process to enter the phase takes it.
 
-With ``--netns`` (root) every worker runs on its own simulated host (a
+Per fault it records how the job came through: ``in-process`` (the others
+went on in their processes: the scheduler's "go on in-process"), ``restart``
+(the whole job restarted) or ``failure`` (the job ended, or said nothing
+for 240 s); and the time to train again: from the fault to the first step of
+the job's next world. Prints the faults and, per kind and phase, the counts
+and p50/p95, with the machine's load average and steal share; writes
+``bench_results/chaos.json``. A seed's job ends at its first restart or
+failure (the faults after it are not run). Wall-clock times on a shared
+machine; never a pass/fail gate. The test of the same job
+(tests/test_phases_mp.py) checks the results: exact samples, weights equal
+to a fault-free replay.
+
+With ``--netns`` (root) the earlier form runs: three faults per seed at random
+steps (``ft_train.py --faults``), every worker on its own simulated host (a
 network namespace of ``benchmarks/multihost.py``'s lab; the scheduler on a
 fifth) and a fourth kind of fault is drawn: a network cut (the rank sets its
 host's ``eth0`` down and trains on). Scheduler and worker then hear nothing
@@ -20,16 +36,12 @@ from each other; after the silence limit (the stall timeout, at least 10 s)
 the scheduler counts the worker lost, the others go on, and the benchmark
 brings the link back up and starts a new worker on that host.
 
-Time to train again, per fault: from the fault to the first step the job
-trains in a later round (a smaller world, or the same one after a return).
-A frozen rank's includes the stall timeout (8 s) its worker waits before
-stopping it, a cut the silence limit. Prints each fault and the p50/p95 per
-kind and overall, and writes ``bench_results/chaos.json``
-(``chaos_netns.json`` with ``--netns``). Wall-clock times on a shared
-machine; never a pass/fail gate. The suite's test of the same job with three fixed
-faults, one of each kind (tests/test_chaos_three_faults_mp.py), checks the results:
-weights equal to a fault-free replay of the job's worlds, every sample
-trained. ``--keep DIR`` keeps each job's logs and records.
+In that form the time to train again runs from the fault to the first step
+the job trains in a later round; a frozen rank's includes the stall timeout
+(8 s there), a cut the silence limit. It prints each fault and the p50/p95
+per kind and writes ``bench_results/chaos_netns.json``; the suite's test of
+that job with three fixed faults is tests/test_chaos_three_faults_mp.py.
+``--keep DIR`` keeps each job's logs and records (both forms).
 """
 
 from __future__ import annotations
@@ -48,8 +60,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import REPO, job_env, write_results
+from _common import REPO, job_env, steal_share, write_results
 from multihost import Lab, preflight, remove_stale_namespaces
+
+sys.path.insert(0, str(REPO / "tests"))  # the phase x fault test's job and its driver
+from test_phases_mp import STALL_S as STALL_S_PHASES
+from test_phases_mp import Chain, ChainBroken
+
+from hvdkit._phases import PHASES
+from hvdkit.launch.transport import cpu_ticks
 
 FT_TRAIN = REPO / "tests" / "multiproc" / "ft_train.py"
 CLUSTER = REPO / "examples" / "cluster"
@@ -57,6 +76,7 @@ KINDS = ("kill", "stop", "worker")
 NETNS_KINDS = (*KINDS, "cut")  # with --netns: one worker's host loses its network
 # the scheduler's line for a lost worker: which host (its address) to start a new one on
 LOST = re.compile(r"rank \d+ lost its worker \(pid \d+ on \S+ ([\d.]+)\)")
+OUTCOMES = ("in-process", "restart", "failure")
 WINDOWS = (6, 22, 38)  # each fault at a step in [w, w + 6)
 STALL_S = 8
 
@@ -98,15 +118,18 @@ class Hosts:
         return host
 
 
+def seed_folder(keep: Path | None, seed: int):
+    """Where a seed's job runs: ``keep/seed-N`` (a new folder, kept), else a temporary one."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-")
+    folder = keep / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=False)
+    return contextlib.nullcontext(str(folder))
+
+
 def one_job(seed: int, port: int, keep: Path | None, hosts: Hosts) -> dict:
     faults = faults_for(seed, KINDS if hosts.lab is None else NETNS_KINDS)
-    if keep is not None:
-        folder = keep / f"seed-{seed}"
-        folder.mkdir(parents=True, exist_ok=False)
-        where = contextlib.nullcontext(str(folder))
-    else:
-        where = tempfile.TemporaryDirectory(prefix="hvdkit-chaos-bench-")
-    with where as tmp:
+    with seed_folder(keep, seed) as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
         env = job_env(
@@ -162,16 +185,165 @@ def one_job(seed: int, port: int, keep: Path | None, hosts: Hosts) -> dict:
     return {"seed": seed, "exit": code, "job_s": total, "faults": again}
 
 
+# ---------------------------------------------------------------- faults aimed at phases
+PHASE_KINDS = ("kill", "stop", "lost")
+TRAINING = ("step", "save", "exchange")  # phases of training: the first cell's
+LAST = ("init", "rollback")  # (tests/test_phases_mp.py ENGINE_BUGS)
+CELL_LIMIT_S = 240.0  # a cell whose job says nothing awaited this long: a failure
+
+
+def cells_for(seed: int, count: int) -> list[tuple[str, str]]:
+    """``count`` (phase, kind) pairs from ``seed``: a training phase first, no phase twice.
+
+    The phases whose faults restart the whole job today (``LAST``) come last,
+    so that such a restart, which ends the seed's job, hides no other phase.
+    """
+    rng = np.random.default_rng(seed)
+    phases = [p for p in PHASES if p != "end"]
+    first = str(rng.choice(TRAINING))
+    middle = [p for p in phases if p != first and p not in LAST]
+    order = [first, *rng.permutation(middle), *rng.permutation(LAST)][: max(1, count)]
+    return [(str(phase), str(rng.choice(PHASE_KINDS))) for phase in order]
+
+
+def phase_job(seed: int, cells: int, keep: Path | None) -> dict:
+    """One job, the seed's faults one after another; each fault's outcome and time."""
+    plan = cells_for(seed, cells)
+    with seed_folder(keep, seed) as tmp:
+        started = time.time()
+        chain = Chain(Path(tmp) / "job", limit_s=CELL_LIMIT_S)
+        done, code = [], None
+        try:
+            for phase, how in plan:
+                try:
+                    cell = chain.fault(phase, how)
+                except ChainBroken as exc:
+                    failed = chain.cells[-1] if chain.cells else {"phase": phase, "how": how}
+                    done.append({**failed, "outcome": "failure", "why": str(exc)[-2000:]})
+                    break
+                done.append(cell)
+                if cell["outcome"] != "in-process":
+                    break
+            else:
+                result, _ = chain.finish()
+                code = result["scheduler"][0]
+        finally:
+            chain.stop_everything()
+        steps = [
+            json.loads(line)
+            for f in chain.out.glob("ids-*.jsonl")
+            for line in f.read_text().splitlines()
+            if '"ids"' in line
+        ]
+        if keep is not None:
+            (Path(tmp) / "scheduler.log").write_text(chain.log())
+    faults = []
+    for cell in done:
+        hit = cell.get("hit")
+        again = None
+        if hit is not None and cell["outcome"] != "failure":
+            later = [s["t"] for s in steps if s["round"] >= cell["round"] and s["t"] > hit["at"]]
+            again = (min(later) - hit["at"]) if later else None
+        faults.append(
+            {
+                "phase": cell["phase"],
+                "how": cell["how"],
+                "outcome": cell["outcome"],
+                "train_again_s": again,
+                "kept": "kept" in cell and cell["kept"] == cell["others"],
+                **({"why": cell["why"]} if "why" in cell else {}),
+            }
+        )
+    return {"seed": seed, "exit": code, "job_s": time.time() - started, "faults": faults}
+
+
+def phase_summary(jobs: list[dict]) -> dict:
+    """Per "kind phase" (and per kind, and "all"): outcomes and p50/p95 seconds."""
+    groups: dict[str, list[dict]] = {}
+    for j in jobs:
+        for f in j["faults"]:
+            for key in (f"{f['how']} {f['phase']}", f["how"], "all"):
+                groups.setdefault(key, []).append(f)
+    summary = {}
+    for key, faults in groups.items():
+        times = [f["train_again_s"] for f in faults if f["train_again_s"] is not None]
+        summary[key] = {
+            "n": len(faults),
+            **{k: sum(f["outcome"] == k for f in faults) for k in OUTCOMES},
+            "p50": float(np.percentile(times, 50)) if times else None,
+            "p95": float(np.percentile(times, 95)) if times else None,
+        }
+    return summary
+
+
+def phases_main(args) -> None:
+    load_start, ticks = os.getloadavg(), cpu_ticks()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs: list[dict] = []
+    for seed in seeds:  # the results are written after every seed: a stopped run keeps them
+        jobs.append(phase_job(seed, args.cells, args.keep))
+        j = jobs[-1]
+        said = ", ".join(
+            f"{f['how']}@{f['phase']}: {f['outcome']}"
+            + ("" if f["train_again_s"] is None else f" {f['train_again_s']:.1f} s")
+            for f in j["faults"]
+        )
+        print(f"seed {seed}: exit {j['exit']}, {j['job_s']:.0f} s; {said}", flush=True)
+        out = write_phase_results(jobs, load_start, ticks)
+    print_phase_summary(phase_summary(jobs))
+    print(f"wrote {out}")
+
+
+def write_phase_results(jobs: list[dict], load_start, ticks) -> Path:
+    load = {
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "steal": steal_share(ticks, cpu_ticks()),
+    }
+    return write_results(
+        "chaos",
+        {
+            "what": "per fault aimed at a phase: how the job came through, and the seconds "
+            "from the fault to the first step of its next world",
+            "machine": f"{os.cpu_count()} cores, shared",
+            "seeds": [j["seed"] for j in jobs],
+            "stall_timeout_s": float(STALL_S_PHASES),
+            **load,
+            "summary": phase_summary(jobs),
+            "jobs": jobs,
+        },
+    )
+
+
+def print_phase_summary(summary: dict) -> None:
+    print(
+        f"\n{'kind phase':>20} {'n':>3} {'in-proc':>7} {'restart':>7} {'failed':>6} "
+        f"{'p50 s':>6} {'p95 s':>6}"
+    )
+    for key in sorted(summary, key=lambda k: (k == "all", " " not in k, k)):
+        s = summary[key]
+        p50 = "-" if s["p50"] is None else f"{s['p50']:.1f}"
+        p95 = "-" if s["p95"] is None else f"{s['p95']:.1f}"
+        print(
+            f"{key:>20} {s['n']:3d} {s['in-process']:7d} {s['restart']:7d} {s['failure']:6d} "
+            f"{p50:>6} {p95:>6}"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=100)
+    p.add_argument("--cells", type=int, default=11, help="faults per seed (phase mode)")
     p.add_argument("--port", type=int, default=29680)
     p.add_argument("--keep", type=Path, help="keep each job's logs in KEEP/seed-N (a new folder)")
     p.add_argument(
         "--netns", action="store_true", help="one namespace host per worker; network cuts too"
     )
     args = p.parse_args()
+    if not args.netns:
+        phases_main(args)
+        return
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     if args.netns:
         preflight(["gloo"])

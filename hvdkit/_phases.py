@@ -101,6 +101,7 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
         "rank": rank,
         "size": size,
         "pid": os.getpid(),
+        "worker": os.getppid(),  # a rank's: its worker (the tests kill it for a lost worker)
         "round": int(round_),
         "at": time.time(),
     }

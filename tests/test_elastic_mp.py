@@ -165,6 +165,8 @@ def trained_ids(out: Path, upto: int | None = None) -> dict[int, collections.Cou
     began: dict[int, int] = {}
     for f in files:
         rows = records(f)
+        if not rows:  # a process killed before its first line (in restore()) trained nothing
+            continue
         began.setdefault(int(f.name.split("-")[1][1:]), rows[0]["resumed_from"])
         for rec in rows:
             if "recovered_from" in rec:
@@ -183,6 +185,38 @@ def trained_ids(out: Path, upto: int | None = None) -> dict[int, collections.Cou
 
 def final_weights(out: Path) -> list[np.ndarray]:
     return [np.asarray(json.loads(p.read_text())["weights"]) for p in sorted(out.glob("result-*"))]
+
+
+def replay_worlds(
+    root: Path, schedule: list[tuple[int, int]], samples: int, epochs: int
+) -> list[Path]:
+    """The worlds of ``schedule`` ((first step, ranks) each) without faults; their folders.
+
+    One job per world, each from the checkpoint the one before stopped at
+    (``--stop-at`` the next world's first step), with ``--mask-padding``; a
+    world that trained no step before the next formed is skipped.
+    """
+    ckpt = root / "ckpt"
+    ends = [*schedule[1:], (None, 0)]
+    finals = []
+    for i, ((start, size), (stop, _)) in enumerate(zip(schedule, ends, strict=True)):
+        if stop == start:
+            continue
+        extra = ["--ckpt", str(ckpt), "--mask-padding"]
+        extra += [] if stop is None else ["--stop-at", str(stop)]
+        ref, out = start_job(
+            root / f"world{i}",
+            *extra,
+            workers=size,
+            samples=samples,
+            epochs=epochs,
+            HVDKIT_MIN_WORKERS=str(size),
+        )
+        done = ref.finish()
+        assert done["scheduler"][0] == 0, (i, schedule, done["scheduler"][1][-3000:])
+        assert records(out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
+        finals.append(out)
+    return finals
 
 
 def ended_0_but_the_lost_worker(job: Job) -> tuple[dict[str, tuple[int, str]], str]:

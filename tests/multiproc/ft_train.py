@@ -14,7 +14,7 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
         [--epochs 3] [--samples 96] [--batch 4] [--every 5] [--sink-size 3]
         [--crash-at STEP] [--crash-rank 1] [--crash-how kill|stop|exit]
         [--crash-in-save STEP] [--attempt A] [--hold STEP --hold-until FILE]
-        [--step-sleep S] [--stop-at STEP [--stop-attempt A]] [--faults JSON]
+        [--step-sleep S [--sleep-while FILE]] [--stop-at STEP [--stop-attempt A]] [--faults JSON]
         [--join-until FILE] [--linger-until FILE] [--mask-padding]
 
 * ``--mode fit``: ``model.fit`` once per epoch with ``ShardPositionCallback``
@@ -42,6 +42,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   exists (the preemption tests send SIGTERM meanwhile).
 * ``--step-sleep S``: every step sleeps S seconds after its update, so the
   steps after a hold take at least that long on any machine.
+* ``--sleep-while FILE``: steps sleep only while FILE exists (a test that
+  paces faults by the job's life removes it to let training end).
 * ``--faults JSON``: a list of ``{"step": s, "rank": r, "how": kill|stop|worker|cut}``
   (``cut``: the rank sets its namespace's ``eth0`` down and trains on);
   each fires once in the whole job (a marker file ``OUTDIR/fault-<i>``
@@ -112,6 +114,7 @@ def parse_args(argv):
     p.add_argument("--hold", type=int, default=None)
     p.add_argument("--hold-until", default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--sleep-while", default=None)
     p.add_argument("--stop-at", type=int, default=None)
     p.add_argument("--faults", type=json.loads, default=[])
     p.add_argument("--stop-attempt", type=int, default=0)
@@ -187,7 +190,7 @@ def record(step, ids):
             kill_self(f"fault {i} inside training step {step}", fault["how"])
     if ARGS.hold == step and ATTEMPT == 0 and STATE["resumed_from"] < step:
         hold(step)
-    if ARGS.step_sleep:
+    if ARGS.step_sleep and (ARGS.sleep_while is None or os.path.exists(ARGS.sleep_while)):
         time.sleep(ARGS.step_sleep)
 
 
