@@ -47,7 +47,7 @@ import json
 import re
 
 import numpy as np
-from test_elastic_mp import WORKERS_SH, final_weights, records, start_job, trained_ids
+from test_elastic_mp import WORKERS_SH, final_weights, replay_worlds, start_job, trained_ids
 
 SAMPLES, EPOCHS, WORKERS = 192, 4, 4  # 12 steps per epoch on 4 workers
 FAULTS = [  # the lost worker first: its replacement joins with 40 steps to go
@@ -106,27 +106,7 @@ def test_three_faults_and_returns_end_as_a_fault_free_replay_of_the_same_worlds(
     assert starts == sorted(starts), schedule  # no world went back before an earlier one
 
     # The replay: the same worlds without faults, each from the previous one's checkpoint.
-    ckpt = tmp_path / "ref-ckpt"
-    ends = [*schedule[1:], (None, 0)]
-    parts = [(s, n, nxt) for (s, n), (nxt, _) in zip(schedule, ends, strict=True)]
-    finals = []
-    for i, (start, size, stop) in enumerate(parts):
-        if stop == start:
-            continue  # a world that trained no step before the next one formed
-        extra = ["--ckpt", str(ckpt), "--mask-padding"]
-        extra += [] if stop is None else ["--stop-at", str(stop)]
-        ref, ref_out = start_job(
-            tmp_path / f"ref{i}",
-            *extra,
-            workers=size,
-            samples=SAMPLES,
-            epochs=EPOCHS,
-            HVDKIT_MIN_WORKERS=str(size),
-        )
-        done = ref.finish()
-        assert done["scheduler"][0] == 0, (i, schedule, done["scheduler"][1][-3000:])
-        assert records(ref_out / "ids-a0-r0.jsonl")[0] == {"resumed_from": start, "size": size}
-        finals.append(ref_out)
+    finals = replay_worlds(tmp_path / "ref", schedule, SAMPLES, EPOCHS)
 
     last_size = schedule[-1][1]  # every rank of the last world writes its weights
     job_w, ref_w = final_weights(out), final_weights(finals[-1])
