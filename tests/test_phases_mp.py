@@ -27,9 +27,10 @@ grows back with each return.
 
 For each fault: one more "go on in-process" from the scheduler, no whole-job
 restart, and the processes that were ranks before it, but the faulty one,
-are the same processes after. For the job: exit 0, every sample of every
-epoch trained exactly once, and final weights equal, bit for bit, to a
-fault-free replay of its worlds (one job per world, each from the
+are the same processes after. Last, a rank killed as its training function
+returns (the job's end) costs exactly one whole-job restart. For the job:
+exit 0, every sample of every epoch trained exactly once, and final weights
+equal, bit for bit, to a fault-free replay of its worlds (one job per world, each from the
 checkpoint the one before stopped at).
 
 The stall timeout is above Horovod's Gloo timeout in elastic jobs (5 s): with
