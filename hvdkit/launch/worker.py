@@ -457,6 +457,14 @@ def _finished(monitor: HeartbeatMonitor) -> bool:
     return bool(statuses) and all(s.finished for s in statuses)
 
 
+def _own(pid: int) -> list[psutil.Process]:
+    """``[the process pid]`` if it still runs, else ``[]``."""
+    try:
+        return [psutil.Process(pid)]
+    except psutil.Error:
+        return []
+
+
 def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
     """The rank processes of ``child``'s tree that sent heartbeats (``child`` itself, usually)."""
     found = []
@@ -650,6 +658,11 @@ class _ProgramRun:
             log.error(
                 "rank %d stalled: no heartbeat for %.0f s; stopping it", self.rank, stalled[0][1]
             )
+            # A frozen rank is killed outright, as hvdkitrun does (launch/cli.py): the
+            # group's stop thaws it (SIGCONT) with SIGTERM pending, so it would run on for
+            # the 5 s grace, and in an elastic job into the next world, where its SIGTERM
+            # asks every rank for a preemption (seen: the whole job stopped, exit 75).
+            processes.kill(_ranks(self.child, self.monitor) or _own(self.child.pid))
 
     # ------------------------------------------------------------ after it ended
     def _report(self, ended, preempted: int | None) -> tuple[int, str]:
