@@ -11,9 +11,9 @@ recovery:
   and the test kills its worker: rank 0's broadcast fails (before issue 37,
   its ``CollectiveError`` ended the process);
 * ``init``: rank 1 of round 1 freezes (SIGSTOP) after the ready/go meeting,
-  as Horovod starts: rank 0's Gloo start times out (before, Horovod 0.28.1
+  as Horovod starts: rank 0's Gloo start fails (before, Horovod 0.28.1
   aborted the process; hvdkit's patch makes it an exception), and the frozen
-  rank's worker stops it at the stall timeout.
+  rank's worker kills it at the stall timeout.
 
 Either way rank 0 must stay in its process, regroup once more (round 2,
 alone) and finish; its worlds are (3 ranks from step 0, 1 rank from step
