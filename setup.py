@@ -53,6 +53,7 @@ setup(
         "Development Status :: 3 - Alpha",
     ],
     packages=find_packages(include=["hvdkit", "hvdkit.*"]),
+    package_data={"hvdkit": ["patches/*.patch"]},  # applied by python -m hvdkit.install_horovod
     install_requires=[
         # TensorFlow 2.18-2.21 bring Keras >= 3.5; hvdkit's Keras hooks are checked on 3.10-3.15
         "keras>=3.10,<4",

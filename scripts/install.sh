@@ -24,7 +24,7 @@ KERAS_VERSION="3.15.1"  # the tested one; inside setup.py's range (tests/unit/te
 # slurmd in namespaces; no system service is started).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev
               g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2
-              openssh-server openssh-client slurm-wlm munge)
+              openssh-server openssh-client slurm-wlm munge patch)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0
@@ -62,8 +62,12 @@ fi
 
 # --- fast path: nothing changed since the last complete run --------------------
 STAMP="$VENV/.hvdkit-ready"
-if [[ -z "${HVDKIT_FORCE_INSTALL:-}" && -f "$STAMP" && "$STAMP" -nt "$REPO/setup.py" \
-      && "$STAMP" -nt "$REPO/scripts/install.sh" && -x "$VENV/bin/python" ]] && ((!changed)); then
+newer_than_all() {  # the stamp is newer than each file given (a changed Horovod patch: rebuild)
+    local f
+    for f in "${@:2}"; do [[ "$1" -nt "$f" ]] || return 1; done
+}
+if [[ -z "${HVDKIT_FORCE_INSTALL:-}" && -f "$STAMP" && -x "$VENV/bin/python" ]] && ((!changed)) \
+      && newer_than_all "$STAMP" "$REPO/setup.py" "$REPO/scripts/install.sh" "$REPO"/hvdkit/patches/*; then
     log "already set up (HVDKIT_FORCE_INSTALL=1 re-checks everything; smoke check: scripts/smoke.sh)"
     [[ "${HVDKIT_SKIP_SMOKE:-0}" == "0" ]] && "$REPO/scripts/smoke.sh"
     exit 0

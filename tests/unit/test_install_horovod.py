@@ -203,3 +203,24 @@ def test_a_cached_wheel_replaces_a_horovod_built_for_another_tensorflow(monkeypa
     monkeypatch.setattr(ih, "pip_install", lambda *args: calls.append(args))
     assert ih.main([]) == 0
     assert calls == [("--force-reinstall", "--no-deps", str(wheel)), (str(wheel),)]
+
+
+def test_every_patch_is_listed_shipped_with_the_package_and_installable_by_apt():
+    # a non-editable install must carry hvdkit/patches/ (setup.py package_data), and
+    # scripts/install.sh must install patch(1); each patch file is named in PATCHES
+    import fnmatch
+
+    repo = ih.PATCHES_DIR.parents[1]
+    on_disk = sorted(p.name for p in ih.PATCHES_DIR.iterdir())
+    assert on_disk == sorted(ih.PATCHES)
+    setup = ast.parse((repo / "setup.py").read_text())
+    (package_data,) = [
+        kw.value
+        for n in ast.walk(setup)
+        if isinstance(n, ast.Call)
+        for kw in n.keywords
+        if kw.arg == "package_data"
+    ]
+    globs = ast.literal_eval(package_data)["hvdkit"]
+    assert all(any(fnmatch.fnmatch(f"patches/{n}", g) for g in globs) for n in on_disk), globs
+    assert " patch)" in (repo / "scripts" / "install.sh").read_text()
