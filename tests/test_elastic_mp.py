@@ -237,7 +237,9 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
     crash = ["--crash-at", str(CRASH), "--crash-rank", "2", "--crash-how", "worker"]
     # Steps of at least 0.3 s: the ranks decide whether to admit a newcomer every few.
     hold = ["--hold", str(HOLD), "--hold-until", str(release), "--step-sleep", "0.3"]
-    job, e_out = start_job(tmp_path / "elastic", *crash, *hold, HVDKIT_ELASTIC="1")
+    job, e_out = start_job(
+        tmp_path / "elastic", *crash, *hold, HVDKIT_ELASTIC="1", HVDKIT_MAX_RESTARTS="2"
+    )
     job.wait_for("scheduler", "go on in-process")
     job.start("newcomer", [WORKERS_SH, "1", *job.train])
     job.wait_for("newcomer", "is ready for round 2")
@@ -253,6 +255,12 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
     assert len(said) == 1 and "2 of 3 workers go on in-process as round 1" in said[0], report
     joins = [ln for ln in sched.splitlines() if " joins: " in ln]
     assert len(joins) == 1 and "3 of 3 workers as round 2 (2 go on in-process" in joins[0], report
+    # each round says its kind; neither the in-process round nor the growing one is a restart
+    kinds = [ln[ln.rindex("(") :] for ln in sched.splitlines() if "; rendezvous on port" in ln]
+    assert kinds == [
+        f"({kind} round {n}); 2 of 2 whole-job restarts left"
+        for n, kind in enumerate(["first", "in-process", "growing"])
+    ], report
     results = sorted(p.name for p in e_out.glob("result-*"))
     assert results == ["result-a0-r0.json", "result-a0-r1.json", "result-a2-r2.json"], results
     assert not list(e_out.glob("ids-a1-*"))  # nobody was started again
@@ -292,6 +300,7 @@ def test_survivors_go_on_in_process_a_new_worker_joins_and_the_job_ends_as_one_c
     )
     first = ref.finish()
     assert first["scheduler"][0] == 0, first["scheduler"][1][-3000:]
+    assert "(restart round 1); 0 of 1 whole-job restarts left" in first["scheduler"][1]
     assert records(r_out / "ids-a1-r0.jsonl")[0] == {"resumed_from": LAST_SAVE, "size": 2}
     assert not list(r_out.glob("result-*"))  # it stopped after that step
     # ... and three workers again from that step's checkpoint.

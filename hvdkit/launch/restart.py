@@ -54,6 +54,11 @@ class RestartBudget:
         """Restarts granted so far (= the attempt number of the current attempt)."""
         return min(len(self.causes), self.limit)
 
+    def left_line(self) -> str:
+        """What is left of the budget, for the log: ``1 of 2 whole-job restarts left``."""
+        left = max(0, self.limit - len(self.causes))
+        return f"{left} of {self.limit} whole-job restarts left"
+
     def record(self, cause: str) -> float | None:
         """Note a failed attempt; seconds to wait before restarting, or ``None`` if spent."""
         self.causes.append(cause)

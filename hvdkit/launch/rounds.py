@@ -107,6 +107,7 @@ class Registration:
     rank: int = -1
     round: int = -1  # the round its program runs in (what its worker accepts messages for)
     gone: bool = False  # its connection closed: the worker (or its machine) is lost
+    returns: int = 0  # elastic: times its failed program joined again (not restarts)
 
     def send(self, **msg) -> bool:
         try:

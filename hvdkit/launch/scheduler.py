@@ -276,7 +276,7 @@ class Scheduler:
                 for r in requeued:
                     log.warning("%s was joining; it waits to join again", r.describe())
                     self.newcomers.put(r)
-                self._let_back(lost, result.cause)
+                self._let_back(lost)
                 regs, inplace = result.survivors, list(result.survivors)
                 continue
             if result.culprit is None and result.preempted:
@@ -311,23 +311,35 @@ class Scheduler:
                 return self._finish(everyone, 1)
             everyone.extend(r for r in regs if r not in everyone)
 
-    def _let_back(self, lost: list[Registration], cause: str) -> None:
+    def _let_back(self, lost: list[Registration]) -> None:
         """Elastic: a worker whose program failed (it is still there) may join again.
 
-        Each such return counts as a restart against ``HVDKIT_MAX_RESTARTS``,
-        so a program that fails every time does not come back forever.
+        A return is not a restart: ``HVDKIT_MAX_RESTARTS`` counts whole-job
+        restarts only. Each worker's program comes back at most that many
+        times (:attr:`Registration.returns`): a program failing every time
+        would otherwise cost the survivors a regroup per return for ever.
         """
+        limit = self.budget.limit
         for r in lost:
             if r.gone:
                 continue  # the worker itself is lost: a new one may register
-            if self.budget.record(cause) is None:
-                log.warning("%s does not join again: %s", r.describe(), self.budget.summary())
+            if r.returns >= limit:
+                log.warning(
+                    "%s does not join again: its program came back %d of %d times allowed per "
+                    "worker (%s); start a new worker to replace it",
+                    r.describe(),
+                    r.returns,
+                    limit,
+                    config.MAX_RESTARTS,
+                )
                 continue
+            r.returns += 1
             log.warning(
-                "%s joins again with a new program (restart %d/%d)",
+                "%s joins again with a new program (its return %d of %d; %s)",
                 r.describe(),
-                self.budget.restarts,
-                self.budget.limit,
+                r.returns,
+                limit,
+                self.budget.left_line(),
             )
             self.newcomers.put(r)
 
@@ -387,27 +399,8 @@ class Scheduler:
         worker joins the survivors), the survivors are told only once every
         newcomer's program is ready to meet them (see :meth:`_watch`).
         """
-        from horovod.runner.common.util.hosts import SlotInfo
-
-        from .guard import GuardedRendezvous
-
         layout = layout_for(regs)
-        plan = [
-            SlotInfo(
-                hostname=f"host{a['host_index']}",
-                rank=a["rank"],
-                local_rank=a["local_rank"],
-                cross_rank=a["cross_rank"],
-                size=a["size"],
-                local_size=a["local_size"],
-                cross_size=a["cross_size"],
-            )
-            for a in layout
-        ]
-        # Horovod's server, bound to our address, serving only registered workers.
-        server = GuardedRendezvous(self.host, {r.host for r in regs})
-        rdv_port = server.start()
-        server.init(plan)
+        server, rdv_port = self._start_rendezvous(layout, {r.host for r in regs})
         joining = [r for r in regs if r not in inplace] if inplace else []
         try:
             later = {}  # survivors' assignments, sent once the newcomers are ready
@@ -431,13 +424,15 @@ class Scheduler:
                     reg.round = round_
                     reg.send(**msg)
             self.round_sizes[round_] = len(regs)
-            kind = "in-process " if inplace and not joining else "growing " if joining else ""
+            kind = "growing" if joining else "in-process" if inplace else "restart"
             log.info(
-                "assigned %d ranks on %d host(s); rendezvous on port %d%s",
+                "assigned %d ranks on %d host(s); rendezvous on port %d (%s round %d); %s",
                 len(regs),
                 len({r.host for r in regs}),
                 rdv_port,
-                f" ({kind}round {round_})" if round_ else "",
+                kind if round_ else "first",
+                round_,
+                self.budget.left_line(),
             )
             result = self._watch(regs, round_, later, meet=bool(inplace))
         except BaseException:
@@ -455,6 +450,30 @@ class Scheduler:
         else:
             server.stop()
         return result
+
+    def _start_rendezvous(self, layout: list[dict], hosts: set[str]) -> tuple:
+        """Horovod's Gloo rendezvous server for ``layout``, serving only ``hosts``; (it, port)."""
+        from horovod.runner.common.util.hosts import SlotInfo
+
+        from .guard import GuardedRendezvous
+
+        plan = [
+            SlotInfo(
+                hostname=f"host{a['host_index']}",
+                rank=a["rank"],
+                local_rank=a["local_rank"],
+                cross_rank=a["cross_rank"],
+                size=a["size"],
+                local_size=a["local_size"],
+                cross_size=a["cross_size"],
+            )
+            for a in layout
+        ]
+        # Horovod's server, bound to our address, serving only registered workers.
+        server = GuardedRendezvous(self.host, hosts)
+        port = server.start()
+        server.init(plan)
+        return server, port
 
     def _watch(
         self, regs: list[Registration], round_: int, later: dict, meet: bool = False

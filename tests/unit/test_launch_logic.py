@@ -561,7 +561,8 @@ def test_a_newcomer_that_dies_before_meeting_is_lost_and_the_other_newcomer_wait
 
 def test_the_scheduler_requeues_a_waiting_newcomer_without_a_restart_and_names_the_cause(caplog):
     """What ``_rounds`` does with such a result: one line naming the dead rank and only it
-    as lost; the newcomer goes back to the queue; one restart is counted (the lost one's)."""
+    as lost; the newcomer goes back to the queue; the lost one's return is counted for its
+    worker, not as a restart."""
     from hvdkit.launch.scheduler import RoundResult
 
     a, b, c, d = _workers(1, 1, 1, 2)
@@ -589,7 +590,7 @@ def test_the_scheduler_requeues_a_waiting_newcomer_without_a_restart_and_names_t
         "(lost: pid 100 on vm 127.0.0.1)"
     ) in said, said
     assert "pid 103 on vm 127.0.0.1 was joining; it waits to join again" in said, said
-    assert sched.budget.restarts == 1  # a's program joins again; d cost nothing
+    assert (sched.budget.restarts, a.returns) == (0, 1)  # a's program returns; d cost nothing
     assert queued == [[], [d, a]]  # both wait to join the next round
 
 

@@ -500,3 +500,69 @@ def test_a_round_runs_from_the_queue_to_its_result():
     job.events.put((a, 3, 0, "", []))
     result = Round(job, [a, b], 3, {}, meet=False).run()
     assert result.cause == "rank 1 lost its worker (pid 101 on vm 127.0.0.1) without an exit report"
+
+
+# ------------------------------------------------------------------ the restart budget
+
+
+class FakeServer:
+    def stop(self):
+        pass
+
+
+def test_only_whole_job_restarts_use_the_budget_and_each_round_says_its_kind(caplog):
+    """HVDKIT_MAX_RESTARTS=1, elastic, 3 workers (at least 2): b's program fails and comes
+    back (a return, not a restart), joins a growing round, fails again and stays out (one
+    return per worker); then a and c fail below the minimum: the one whole-job restart."""
+    from hvdkit.launch.scheduler import Scheduler
+
+    sched = Scheduler(
+        "127.0.0.1",
+        0,
+        3,
+        "token-" + "x" * 20,
+        60.0,
+        max_restarts=1,
+        min_workers=2,
+        replace_timeout_s=0.0,
+        elastic=True,
+    )
+    sched.sock.close()
+    a, b, c = workers(-1, -1, -1)
+    script = {  # round -> the reports that come in it: (worker, round, code)
+        0: [(b, 0, 1)],
+        1: [(a, 1, READY), (c, 1, READY)],  # then b waits to join: the round grows
+        2: [(b, 2, READY), (a, 2, READY), (c, 2, READY), (b, 2, 1)],
+        3: [(a, 3, READY), (c, 3, READY), (a, 3, 1), (c, 3, 1)],
+        4: [(a, 4, 0), (c, 4, 0)],
+    }
+
+    def start_rendezvous(layout, hosts):
+        round_ = len(sched.round_sizes)
+        for reg, rnd, code in script[round_]:
+            sched.events.put((reg, rnd, code, "exit code 1" if code == 1 else "", []))
+        return FakeServer(), 4000 + round_
+
+    sched._start_rendezvous = start_rendezvous
+    with caplog.at_level("INFO", logger="hvdkit"):
+        assert sched._rounds([a, b, c], [a, b, c]) == 0
+    said = [r.getMessage() for r in caplog.records]
+    kinds = [m[m.rindex("(") :] for m in said if m.startswith("assigned ")]
+    assert kinds == [
+        "(first round 0); 1 of 1 whole-job restarts left",
+        "(in-process round 1); 1 of 1 whole-job restarts left",
+        "(growing round 2); 1 of 1 whole-job restarts left",
+        "(in-process round 3); 1 of 1 whole-job restarts left",
+        "(restart round 4); 0 of 1 whole-job restarts left",
+    ], said
+    assert (
+        "pid 101 on vm 127.0.0.1 joins again with a new program "
+        "(its return 1 of 1; 1 of 1 whole-job restarts left)"
+    ) in said, said
+    assert (
+        "pid 101 on vm 127.0.0.1 does not join again: its program came back 1 of 1 times "
+        "allowed per worker (HVDKIT_MAX_RESTARTS); start a new worker to replace it"
+    ) in said, said
+    assert (sched.budget.restarts, b.returns) == (1, 1)
+    assert sched.budget.causes == ["rank 0 exit code 1"]
+    assert [m["type"] for m in sent(b)][-1] == "done"  # left out, told how the job ended
