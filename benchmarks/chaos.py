@@ -214,11 +214,13 @@ def phase_job(seed: int, cells: int, keep: Path | None) -> dict:
         chain = Chain(Path(tmp) / "job", limit_s=CELL_LIMIT_S)
         done, code = [], None
         try:
-            for phase, how in plan:
+            for i, (phase, how) in enumerate(plan):
                 try:
                     cell = chain.fault(phase, how)
-                except ChainBroken as exc:
-                    failed = chain.cells[-1] if chain.cells else {"phase": phase, "how": how}
+                except ChainBroken as exc:  # (in this fault, or in waiting for its world)
+                    failed = (
+                        chain.cells[i] if len(chain.cells) > i else {"phase": phase, "how": how}
+                    )
                     done.append({**failed, "outcome": "failure", "why": str(exc)[-2000:]})
                     break
                 done.append(cell)

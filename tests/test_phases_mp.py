@@ -248,12 +248,31 @@ class Chain:
     def _wait_for_hit(self) -> dict:
         deadline = time.monotonic() + self.limit_s
         while not (self.traps / "hit").exists():
+            self._aim_again()
             if self.job.procs["scheduler"].poll() is not None or time.monotonic() > deadline:
                 raise ChainBroken(f"the trap was never taken:\n{self.log()[-4000:]}")
             time.sleep(0.05)
         hit = json.loads((self.traps / "hit").read_text())
         (self.traps / "hit").rename(self.traps / f"hit.{len(self.cells)}")
         return hit
+
+    def _aim_again(self) -> None:
+        """A trap aimed at a rank that ended before the phase (a frozen peer's last
+        seconds, say) goes to another rank, so that it still fires."""
+        try:
+            trap = json.loads((self.traps / "trap").read_text())
+        except (OSError, ValueError):
+            return
+        pid = trap.get("pid")
+        if pid is None or trap["phase"] == "word" or _alive(pid):
+            return
+        left = sorted(self.ranks())
+        try:  # take it back first (a rename: atomic), unless a process took it meanwhile
+            os.rename(self.traps / "trap", self.traps / "trap.again")
+        except OSError:
+            return
+        (self.traps / "trap.tmp").write_text(json.dumps({**trap, "pid": left[0] if left else None}))
+        os.replace(self.traps / "trap.tmp", self.traps / "trap")
 
     def _new_worker(self) -> None:
         self.job.start(f"new{self.new_workers}", [WORKERS_SH, "1", *self.job.train])
@@ -294,6 +313,13 @@ class Chain:
         result = self.job.finish()
         report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
         return result, report
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def check_chain(chain: Chain, result: dict, report: str, root: Path) -> None:
