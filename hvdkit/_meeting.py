@@ -31,12 +31,27 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
 
 from . import _phases, config
+from .errors import CollectiveError, LaunchError
 
 ASSIGN, READY, GO, RESUMED, FINISHED = "assign.json", "ready", "go", "resumed", "finished"
 POLL_S = 0.02
+# What a collective says when a peer is lost: once Horovod stopped for it (its background
+# loop ended on Gloo's error), every pending and later collective fails with the first;
+# the collective that met the error itself carries Gloo's message, which names its source
+# file under gloo/transport/ ("Connection closed by peer", "Timed out waiting ...").
+_PEER_LOST = ("Horovod has been shut down", "gloo/transport/")
+# After a failed Horovod start: seconds, beyond the stall timeout and Gloo's, for the
+# scheduler's word of a lost peer to come (the worker's SIGTERM grace of a stopped rank, 5 s,
+# and the scheduler's round).
+_START_MARGIN_S = 10.0
+# ... and between two ranks of that round giving up: time for the scheduler to form the
+# world without the first (its worker's report, the new round, the word to every worker).
+_START_STAGGER_S = 5.0
 
 
 def write(folder: str, name: str, text: str) -> None:
@@ -124,3 +139,93 @@ def meet(folder: str, round_: int, deadline: float) -> int:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no go for round {round_}")
         time.sleep(POLL_S)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a collective that failed for a lost peer."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        if any(words in text for words in _PEER_LOST):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def join_next_world(start: Callable[[], None], failed: CollectiveError | None = None) -> int:
+    """Wait for the worker's next assignment, meet the others, call ``start``; the round.
+
+    ``start`` starts Horovod in the assigned world (:func:`hvdkit.runtime.init`)
+    and raises :class:`CollectiveError` if it cannot: a peer of the round died
+    or froze while the ranks connected. Then (or from the outset, given the
+    start that ``failed``) the rank waits for the world after it, which the
+    scheduler forms once that peer's worker reported it (at the latest at the
+    stall timeout). If none comes within the stall timeout plus Gloo's and a
+    margin, nobody was lost (a peer was only slower to connect than Gloo's
+    timeout) and the rank ends with a :class:`LaunchError`: its worker reports
+    it, and the others go on without it, as after any lost rank. Every rank of
+    the round failed its start then, at about the same time, so the ranks
+    wait in turns (the last rank first, :data:`_START_STAGGER_S` apart): only
+    the first to end is lost.
+
+    Example:
+        >>> runtime.shutdown()                       # a peer was lost
+        >>> round_ = join_next_world(runtime.init)   # rank of the next world
+    """
+    folder = config.get(config.ELASTIC_DIR)
+    timeout = config.sched_timeout()
+    if failed is not None:
+        _say_failed_start(config.restart_count(), failed)
+    while True:
+        seen = config.restart_count()
+        limit = timeout if failed is None else min(timeout, _after_failed_start_s())
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                body = read_assignment(folder)
+                if body is not None and body["round"] > seen:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(POLL_S)
+            round_ = meet(folder, take(body), deadline)
+        except TimeoutError:
+            if failed is not None:
+                raise LaunchError(
+                    f"Horovod could not start in round {seen} ({failed}) and no peer was reported "
+                    f"lost within {limit:g} s: one was slower to connect than Gloo's timeout "
+                    f"({config.GLOO_TIMEOUT}); raise it for a loaded machine. This rank ends."
+                ) from None
+            raise LaunchError(
+                f"a peer was lost and no new world formed within {timeout:g} s "
+                f"({config.SCHED_TIMEOUT}): fewer workers left than {config.MIN_WORKERS}, or "
+                "one of them never got ready; see the scheduler's log."
+            ) from None
+        try:
+            start()
+            return round_
+        except CollectiveError as exc:  # a peer of round_ died or froze while Horovod started
+            failed = exc
+            _say_failed_start(round_, exc)
+
+
+def _say_failed_start(round_: int, exc: CollectiveError) -> None:
+    print(
+        f"hvdkit: Horovod could not start in round {round_} ({exc}); "
+        "this rank waits for the next world",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _after_failed_start_s() -> float:
+    """How long a rank whose Horovod start failed waits for a world without the lost peer.
+
+    The peer's worker notices a frozen rank at the stall timeout; its
+    Horovod start had Gloo's timeout; a few seconds more for the word to come.
+    """
+    stall = config.get_float(config.STALL_TIMEOUT, config.DEFAULT_STALL_TIMEOUT_S, positive=True)
+    gloo = config.get_float(config.GLOO_TIMEOUT, config.ELASTIC_GLOO_TIMEOUT_S, positive=True)
+    rank = config.get_int("HOROVOD_RANK", 0, minimum=0)  # in the round that failed to start
+    size = config.get_int(config.HOROVOD_SIZE, rank + 1, minimum=rank + 1)
+    return stall + gloo + _START_MARGIN_S + _START_STAGGER_S * (size - 1 - rank)

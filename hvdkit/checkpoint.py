@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -379,8 +380,28 @@ class Checkpointer:
                 its checksum (not something an interrupted write leaves).
             ShardingError: the saved sampler state does not fit ``sampler``.
 
-        Every rank raises the same error; none is left waiting.
+        Every rank raises the same error; none is left waiting. In an elastic
+        job, a peer lost during the broadcast (a newcomer's first restore meets
+        the survivors' roll back) is one more regroup: the rank meets the next
+        world (:func:`hvdkit.runtime.rejoin`) and restores there.
         """
+        while True:
+            try:
+                return self._restore_once()
+            except Exception as exc:
+                if not _meeting.enabled() or not _meeting.peer_lost(exc):
+                    raise
+                print(
+                    f"hvdkit: rank {runtime.rank()} of {runtime.size()}: a peer was lost during "
+                    f"the restore ({type(exc).__name__}); it meets the next world",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            runtime.rejoin()
+            if self.sampler is not None:  # the new world's shards, as a roll back takes them
+                self.sampler.num_shards, self.sampler.shard_id = runtime.size(), runtime.rank()
+
+    def _restore_once(self) -> int:
         _phases.enter("restore")
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars

@@ -60,26 +60,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _meeting, _phases, _progress, config, runtime
+from . import _meeting, _phases, config, runtime
 from ._meeting import enabled
 from ._memory_commit import MemoryCommit
-from .errors import CollectiveError, LaunchError, NotSupportedError
+from .errors import NotSupportedError
 from .preemption import Regroup
 
 __all__ = ["run", "enabled", "Regroup"]  # and Horovod's state classes (hvdkit.elastic_state)
-
-# What a collective says when a peer is lost: once Horovod stopped for it (its background
-# loop ended on Gloo's error), every pending and later collective fails with the first;
-# the collective that met the error itself carries Gloo's message, which names its source
-# file under gloo/transport/ ("Connection closed by peer", "Timed out waiting ...").
-_PEER_LOST = ("Horovod has been shut down", "gloo/transport/")
-# After a failed Horovod start: seconds, beyond the stall timeout and Gloo's, for the
-# scheduler's word of a lost peer to come (the worker's SIGTERM grace of a stopped rank, 5 s,
-# and the scheduler's round).
-_START_MARGIN_S = 10.0
-# ... and between two ranks of that round giving up: time for the scheduler to form the
-# world without the first (its worker's report, the new round, the word to every worker).
-_START_STAGGER_S = 5.0
 
 
 # Regroup (hvdkit.preemption) and enabled (hvdkit._meeting, beside join_waiting) are
@@ -131,19 +118,19 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 "hvdkit.elastic.KerasState(model, ...) as in Horovod."
             )
         commit = _commit_of(state)
-        if enabled():
-            _LostPeerWatch.start_once()
-        if not state.restored:
-            _restore(state)
+        if not state.restored:  # in the next world again if a peer is lost meanwhile
+            state.restore()
         elif commit is not None:  # restored before run(): that state is the first commit
             _on_checkpointer(commit, "restore")
+        if enabled():  # (after the restore, whose own rejoin the watch must not see)
+            _LostPeerWatch.start_once()
         while True:
             try:
                 result = func(state, *args, **kwargs)
             except Regroup as exc:
                 _recover(commit, exc)
             except Exception as exc:
-                if not enabled() or not _peer_lost(exc):
+                if not enabled() or not _meeting.peer_lost(exc):
                     raise
                 _recover(commit, exc)
             else:
@@ -179,7 +166,7 @@ def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> An
         except Regroup as exc:
             cause = exc
         except Exception as exc:
-            if not enabled() or not _peer_lost(exc):
+            if not enabled() or not _meeting.peer_lost(exc):
                 raise
             state.restore()
             cause = exc
@@ -262,35 +249,6 @@ def _say_finished() -> None:
         _meeting.write(folder, _meeting.FINISHED, str(config.restart_count()))
 
 
-def _peer_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is a collective that failed for a lost peer."""
-    seen = 0
-    while exc is not None and seen < 8:
-        text = str(exc)
-        if any(words in text for words in _PEER_LOST):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
-def _restore(ckpt) -> None:
-    """``ckpt.restore()``, again in the next world if a peer is lost meanwhile.
-
-    A newcomer's restore receives the job's state from rank 0: the survivors'
-    rollback broadcast, which fails for them too, so they meet the next world.
-    """
-    while True:
-        try:
-            ckpt.restore()
-            return
-        except Exception as exc:
-            if not enabled() or not _peer_lost(exc):
-                raise
-            _say_lost_meanwhile("the restore", exc)
-        with _LostPeerWatch.recovering():
-            _leave_and_rejoin()
-
-
 def _recover(commit: MemoryCommit, exc: BaseException) -> None:
     if isinstance(exc, Regroup):  # every rank left at the same step: commit it
         commit.save()
@@ -310,14 +268,14 @@ def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
     again = 0
     while True:
         with _LostPeerWatch.recovering():
-            round_ = _leave_and_rejoin()
+            round_ = runtime.rejoin()
         joined = time.monotonic()
         try:
             _phases.enter("rollback")
             step = commit.rollback()
             break
         except Exception as lost:
-            if not _peer_lost(lost):
+            if not _meeting.peer_lost(lost):
                 raise
             _say_lost_meanwhile(f"round {round_}'s roll back", lost)
             again += 1
@@ -350,7 +308,7 @@ def _say_lost_meanwhile(where: str, exc: BaseException) -> None:
 def _rejoin_state(state, exc: BaseException) -> None:
     """Horovod's state: the new world; the reset callbacks and the sync come in the loop."""
     started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
-    round_ = _leave_and_rejoin()
+    round_ = runtime.rejoin()
     _StatePending.rejoined = True
     for model in _models_of(state):
         _reset_compiled_functions(model)
@@ -368,16 +326,6 @@ def _where() -> tuple[int, int]:
     return runtime.rank(), runtime.size()
 
 
-def _leave_and_rejoin() -> int:
-    """Leave Horovod, meet the ranks of the next world, start Horovod in it; the round."""
-    _phases.enter("leave")
-    runtime.shutdown()
-    _progress.forget_waits()  # not "stuck in a collective" while it rejoins
-    round_ = _join_next_world()
-    _progress.rank_changed(runtime.rank())  # the heartbeats speak for the new rank
-    return round_
-
-
 def _why(exc: BaseException, ended: int | None) -> str:
     why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
     if ended is not None:
@@ -392,72 +340,6 @@ def _say_rejoined(old_rank: int, old_size: int, round_: int, why: str, rest: str
         file=sys.stderr,
         flush=True,
     )
-
-
-def _join_next_world() -> int:
-    """Wait for the worker's next assignment, meet the others, start Horovod; the round.
-
-    If Horovod cannot start (a peer of the round died or froze while the ranks
-    connected), the rank waits for the world after it, which the scheduler forms
-    once that peer's worker reported it (at the latest at the stall timeout).
-    If none comes within the stall timeout plus Gloo's and a margin, nobody was
-    lost (a peer was only slower to connect than Gloo's timeout) and the rank
-    ends with a :class:`LaunchError`: its worker reports it, and the others go
-    on without it, as after any lost rank. Every rank of the round failed its
-    start then, at about the same time, so the ranks wait in turns (the last
-    rank first, :data:`_START_STAGGER_S` apart): only the first to end is lost.
-    """
-    folder = config.get(config.ELASTIC_DIR)
-    timeout, failed = config.sched_timeout(), None
-    while True:
-        seen = config.restart_count()
-        limit = timeout if failed is None else min(timeout, _after_failed_start_s())
-        deadline = time.monotonic() + limit
-        try:
-            while True:
-                body = _meeting.read_assignment(folder)
-                if body is not None and body["round"] > seen:
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError
-                time.sleep(_meeting.POLL_S)
-            round_ = _meeting.meet(folder, _meeting.take(body), deadline)
-        except TimeoutError:
-            if failed is not None:
-                raise LaunchError(
-                    f"Horovod could not start in round {seen} ({failed}) and no peer was reported "
-                    f"lost within {limit:g} s: one was slower to connect than Gloo's timeout "
-                    f"({config.GLOO_TIMEOUT}); raise it for a loaded machine. This rank ends."
-                ) from None
-            raise LaunchError(
-                f"a peer was lost and no new world formed within {timeout:g} s "
-                f"({config.SCHED_TIMEOUT}): fewer workers left than {config.MIN_WORKERS}, or "
-                "one of them never got ready; see the scheduler's log."
-            ) from None
-        try:
-            runtime.init()
-            return round_
-        except CollectiveError as exc:  # a peer of round_ died or froze while Horovod started
-            failed = exc
-            print(
-                f"hvdkit: Horovod could not start in round {round_} ({exc}); "
-                "this rank waits for the next world",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _after_failed_start_s() -> float:
-    """How long a rank whose Horovod start failed waits for a world without the lost peer.
-
-    The peer's worker notices a frozen rank at the stall timeout; its
-    Horovod start had Gloo's timeout; a few seconds more for the word to come.
-    """
-    stall = config.get_float(config.STALL_TIMEOUT, config.DEFAULT_STALL_TIMEOUT_S, positive=True)
-    gloo = config.get_float(config.GLOO_TIMEOUT, config.ELASTIC_GLOO_TIMEOUT_S, positive=True)
-    rank = config.get_int("HOROVOD_RANK", 0, minimum=0)  # in the round that failed to start
-    size = config.get_int(config.HOROVOD_SIZE, rank + 1, minimum=rank + 1)
-    return stall + gloo + _START_MARGIN_S + _START_STAGGER_S * (size - 1 - rank)
 
 
 def _models_of(state) -> list:

@@ -8,16 +8,17 @@ works both ways.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 
 import tensorflow as tf
 
-from . import _compat, _meeting, _phases, config, environments
+from . import _compat, _meeting, _phases, _progress, config, environments
 from ._validate import check_int
 from .backends import Backend, create
-from .errors import ConfigurationError, NotInitializedError
+from .errors import CollectiveError, ConfigurationError, NotInitializedError
 
 __all__ = [
     "init",
@@ -68,6 +69,10 @@ def init(
             to allow :func:`hvdkit.add_process_set` later
             (:mod:`hvdkit.process_sets`).
 
+    A rank that joins a running elastic job and cannot start because a peer
+    was lost meanwhile waits for the scheduler's next world and starts in it
+    (:func:`hvdkit._meeting.join_next_world`), as the survivors do.
+
     Raises:
         ConfigurationError: ``backend`` is unknown, or ``"local"`` while a
             launcher started several processes; or no launcher started this
@@ -108,9 +113,24 @@ def init(
     sets, dynamic = sets_.static_ranks(process_sets, launched or 1)
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
-    _announce_joining()
+    joining = _announce_joining()
     _phases.enter("init")
-    _backend = create(name, [ps.ranks for ps in new], dynamic)
+    try:
+        _backend = create(name, [ps.ranks for ps in new], dynamic)
+    except CollectiveError as exc:
+        if not joining:
+            raise
+        # A newcomer's start failed for a lost peer: as the survivors do, it meets
+        # the next world and starts there (this init again, the join behind it).
+        again = functools.partial(
+            init,
+            backend,
+            intra_op_threads=intra_op_threads,
+            pin_gpu=pin_gpu,
+            process_sets=process_sets,
+        )
+        _meeting.join_next_world(again, failed=exc)
+        return
     ids = iter(_backend.process_set_ids())
     sets_.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], size())
     _configure_threads(threads, _backend.local_size())
@@ -153,20 +173,20 @@ def _refuse_horovod_elastic() -> None:
         )
 
 
-def _announce_joining() -> None:
+def _announce_joining() -> bool:
     """A rank that joins a running elastic job meets the others before starting Horovod.
 
     It says ready (its worker tells the scheduler, which only then tells the
     survivors to leave their world at the next commit boundary) and waits for
     the go that comes when every rank of the new world is ready
-    (:mod:`hvdkit._meeting`).
+    (:mod:`hvdkit._meeting`). Returns whether it met them (once a process).
 
     Raises:
         ConfigurationError: no go within ``HVDKIT_SCHED_TIMEOUT``.
     """
     folder = config.get(config.ELASTIC_DIR)
     if not folder or not config.get(config.ELASTIC_JOIN):
-        return
+        return False
     timeout = config.sched_timeout(ConfigurationError)
     round_ = config.restart_count()
     try:
@@ -178,6 +198,7 @@ def _announce_joining() -> None:
             "scheduler's log."
         ) from None
     os.environ.pop(config.ELASTIC_JOIN, None)  # joined once, at the start
+    return True
 
 
 def _refuse_lonely_job() -> None:
@@ -305,6 +326,25 @@ def shutdown() -> None:
         process_sets.forget_all()
         _backend.shutdown()
         _backend = None
+
+
+def rejoin() -> int:
+    """Leave Horovod, meet the ranks of the elastic job's next world, start in it; the round.
+
+    After a collective failed for a lost peer (:func:`hvdkit._meeting.peer_lost`):
+    :func:`hvdkit.elastic.run`'s recovery, and a :meth:`hvdkit.Checkpointer.restore`
+    whose broadcast failed, go on as a rank of the next world
+    (:func:`hvdkit._meeting.join_next_world`).
+
+    Example:
+        >>> round_ = rejoin()            # then rank() and size() are the new world's
+    """
+    _phases.enter("leave")
+    shutdown()
+    _progress.forget_waits()  # not "stuck in a collective" while it rejoins
+    round_ = _meeting.join_next_world(init)
+    _progress.rank_changed(rank())  # the heartbeats speak for the new rank
+    return round_
 
 
 def is_initialized() -> bool:

@@ -1,0 +1,72 @@
+"""A rank whose Horovod start failed for a lost peer meets the next world and starts there
+(hvdkit/_meeting.py: join_next_world, peer_lost).
+
+The multi-process side: tests/test_phases_mp.py (a survivor killed as Horovod starts, or
+before the rollback broadcast, in a world a newcomer joins) and tests/test_elastic_faults_mp.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvdkit import _meeting, config
+from hvdkit.errors import CollectiveError, LaunchError
+
+
+@pytest.fixture
+def folder(monkeypatch, tmp_path):
+    """This rank's elastic folder; its start failed in round 2."""
+    monkeypatch.setenv(config.ELASTIC_DIR, str(tmp_path))
+    monkeypatch.setenv(config.RESTART_COUNT, "2")
+    monkeypatch.setenv(config.SCHED_TIMEOUT, "30")
+    monkeypatch.setattr(_meeting, "_after_failed_start_s", lambda: 0.3)
+    return str(tmp_path)
+
+
+def offer(folder: str, round_: int, rank: int) -> None:
+    """The worker's word: round ``round_``, this process as ``rank``, and everyone ready."""
+    body = {"round": round_, "env": {"HOROVOD_RANK": str(rank)}, "lost": True}
+    _meeting.write(folder, _meeting.ASSIGN, json.dumps(body))
+    _meeting.write(folder, _meeting.GO, str(round_))
+
+
+def test_a_failed_start_starts_again_in_each_next_world_until_one_starts(folder, monkeypatch):
+    monkeypatch.setenv("HOROVOD_RANK", "2")
+    offer(folder, 3, rank=1)
+    starts = []
+
+    def start():
+        starts.append((config.restart_count(), config.get("HOROVOD_RANK")))
+        if len(starts) == 1:  # round 3 loses a peer too; the worker gives round 4
+            offer(folder, 4, rank=0)
+            raise CollectiveError("Horovod could not start")
+
+    round_ = _meeting.join_next_world(start, failed=CollectiveError("Horovod could not start"))
+    assert (round_, starts) == (4, [(3, "1"), (4, "0")])
+    assert _meeting.read_round(folder, _meeting.READY) == 4
+
+
+def test_no_next_world_after_a_failed_start_ends_the_rank_naming_gloos_timeout(folder):
+    with pytest.raises(LaunchError, match=config.GLOO_TIMEOUT) as info:
+        _meeting.join_next_world(lambda: None, failed=CollectiveError("Horovod could not start"))
+    assert "round 2" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "lost"),
+    [
+        ("Horovod has been shut down", True),
+        ("Read error [127.0.0.1]:3: Connection reset (gloo/transport/tcp/pair.cc:598)", True),
+        ("broadcast of tensor 'x' failed: shapes differ", False),
+    ],
+)
+def test_peer_lost_reads_the_cause_chain(text, lost):
+    try:
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as inner:
+            raise CollectiveError("broadcast failed") from inner
+    except CollectiveError as exc:
+        assert _meeting.peer_lost(exc) is lost
