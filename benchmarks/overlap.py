@@ -27,14 +27,14 @@ rows. In the same job, round after round (every variant once per round,
                        ``raw_horovod_b`` a second instance of it, the control;
                        ``raw_horovod_rr`` the same with ``HVDKIT_COMM_PRIORITY=1``;
 * ``tape_default_rr``  hvdkit's default buckets with ``HVDKIT_COMM_PRIORITY=1``
-                       (Horovod's threads on ``SCHED_RR``, ``hvdkit/_threads.py``;
+                       (Horovod's threads on ``SCHED_RR``, ``hvdkit/_comm/threads.py``;
                        every variant not named ``_rr`` or ``_auto`` runs with the
                        threads on the normal policy; under MPI the setting does
                        nothing, so ``_rr`` rows equal the others);
 * ``tape_auto``        hvdkit's default buckets with what ``HVDKIT_COMM_PRIORITY=auto``
                        (the default across hosts) kept: the job starts with it,
                        and before any variant runs, ``tape_default`` steps are
-                       taken until its trial (``hvdkit/_priority_trial.py``) decided;
+                       taken until its trial (``hvdkit/_comm/priority_trial.py``) decided;
 * ``fit_single``, ``fit_default``, ``fit_auto``  ``model.fit`` with
                        ``hvdkit.DistributedOptimizer`` (one bucket / default /
                        default with auto's choice), per-step time from batch-end times;
@@ -207,7 +207,9 @@ def worker(steps: int, rounds: int, out: str) -> None:
     import tensorflow as tf
 
     import hvdkit
-    from hvdkit import _buckets, _compat, _threads, runtime
+    from hvdkit import _compat, runtime
+    from hvdkit._comm import buckets as _buckets
+    from hvdkit._comm import threads as _threads
 
     hvdkit.init(intra_op_threads=1)  # HVDKIT_COMM_PRIORITY=auto: the trial starts
     backend = runtime.backend()

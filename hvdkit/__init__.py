@@ -14,7 +14,7 @@ Names are loaded on first use, so that ``hvdkitrun`` and the scheduler, which
 need no TensorFlow, start in a fraction of a second. ``import hvdkit`` does one
 more thing: it tells Keras (now, or once Keras is imported) where to find
 ``DistributedOptimizer``, so that ``keras.models.load_model`` reads files saved
-with it (:mod:`hvdkit._keras_registry`).
+with it (:mod:`hvdkit.keras._registry`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from . import _keras_registry
+from .keras import _registry as _keras_registry
 
 __version__ = "0.1.0"
 
@@ -87,17 +87,17 @@ _EXPORTS = {
     "PartialDistributedGradientTape": "partial",
     "PartialDistributedOptimizer": "partial",
     "Compression": "compression",
-    "SyncBatchNormalization": "sync_batch_norm",
-    "load_model": "saving",
-    "save_model": "saving",
-    "callbacks": "callbacks",
-    "Checkpointer": "checkpoint",
+    "SyncBatchNormalization": "keras.sync_batch_norm",
+    "load_model": "keras.saving",
+    "save_model": "keras.saving",
+    "callbacks": "keras.callbacks",
+    "Checkpointer": "fault.checkpoint",
     # data, patch ops, sink mode
     "data": "data",
     "ops": "ops",
     "sink": "sink",
-    "elastic": "elastic",
-    "preemption": "preemption",
+    "elastic": "fault.elastic",
+    "preemption": "fault.preemption",
     # process sets
     "ProcessSet": "process_sets",
     "global_process_set": "process_sets",
@@ -157,13 +157,14 @@ def init(backend: str | None = None, **kwargs) -> None:
     if not first:
         return
     try:
-        from . import callbacks, optimizer  # optimizer: registers the class with Keras
+        from . import optimizer  # optimizer: registers the class with Keras
+        from .keras import callbacks
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
     else:
         callbacks.refuse_backup_and_restore()
         optimizer.route_loss_scaling()  # the one patch of Keras (hvdkit._compat)
-    from . import _progress
+    from ._comm import progress as _progress
 
     if config.get(config.MONITOR_ADDR):
         from .launch.heartbeat import start_sender_from_env
@@ -184,7 +185,7 @@ def __getattr__(name: str):
     if module_name is None:
         raise AttributeError(f"module 'hvdkit' has no attribute {name!r}")
     module = importlib.import_module(f".{module_name}", __name__)
-    value = module if name == module_name else getattr(module, name)
+    value = module if module_name.rpartition(".")[2] == name else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -197,8 +198,7 @@ _keras_registry.install()
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
-    from . import callbacks, data, elastic, ops, preemption, sink
-    from .checkpoint import Checkpointer
+    from . import data, ops, sink
     from .collectives import (
         Adasum,
         Average,
@@ -235,6 +235,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         NotSupportedError,
         ShardingError,
     )
+    from .fault import elastic, preemption
+    from .fault.checkpoint import Checkpointer
+    from .keras import callbacks
+    from .keras.saving import load_model, save_model
+    from .keras.sync_batch_norm import SyncBatchNormalization
     from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
     from .partial import PartialDistributedGradientTape, PartialDistributedOptimizer
     from .probes import (
@@ -276,5 +281,3 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         shutdown,
         size,
     )
-    from .saving import load_model, save_model
-    from .sync_batch_norm import SyncBatchNormalization

@@ -4,17 +4,17 @@ Each item says why it exists, so it can be deleted when the reason goes away.
 Nothing outside this module should test versions or poke at private APIs,
 with these exceptions, each for a reason stated where it is:
 
-* ``hvdkit/sync_batch_norm.py`` overrides ``BatchNormalization._moments``
+* ``hvdkit/keras/sync_batch_norm.py`` overrides ``BatchNormalization._moments``
   (a protected method subclasses are meant to override) to average the
   batch statistics over the ranks;
 * ``hvdkit/optimizer.py`` calls ``LossScaleOptimizer``'s private members
   from the function :func:`route_loss_scale_apply` installs (at
   :func:`hvdkit.init`; the list of members is ``_LSO_PRIVATE`` here);
-* ``hvdkit/_job_metrics.py`` replaces Keras's private
+* ``hvdkit/keras/_job_metrics.py`` replaces Keras's private
   ``Trainer._get_metrics_result_or_logs`` on each model it installs on (the
   one place ``fit``/``evaluate`` make their logs), so every callback sees the
   job's metrics;
-* ``hvdkit/callbacks.py`` patches ``keras.callbacks.BackupAndRestore.on_train_begin``
+* ``hvdkit/keras/callbacks.py`` patches ``keras.callbacks.BackupAndRestore.on_train_begin``
   for the whole process at :func:`hvdkit.init` (a public method, replaced on
   Keras's class), so that callback refuses a job of more than one rank.
 TensorFlow and Keras are imported inside the functions that need them, so the

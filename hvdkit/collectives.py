@@ -37,15 +37,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import _compat, _progress, process_sets, runtime
+from . import _compat, process_sets, runtime
+from ._comm import progress as _progress
 from ._validate import is_int, is_number
 from .backends import ReduceOp
-from .errors import (
-    CollectiveError,
-    CollectiveMismatchError,
-    ConfigurationError,
-    NotSupportedError,
-)
+from .errors import CollectiveError, CollectiveMismatchError, ConfigurationError, NotSupportedError
 from .process_sets import ProcessSet
 
 #: What the tensor collectives accept: a tensor, a (Keras) variable, numpy or Python numbers.

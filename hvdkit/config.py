@@ -295,7 +295,7 @@ def comm_priority() -> str | None:
     """``HVDKIT_COMM_PRIORITY``: whether Horovod's threads get ``SCHED_RR`` under Gloo.
 
     ``"1"`` always, ``"0"`` never, ``"auto"``: try both on the job's own
-    steps and keep the faster (:mod:`hvdkit._priority_trial`). ``None`` when
+    steps and keep the faster (:mod:`hvdkit._comm.priority_trial`). ``None`` when
     unset: the backend then takes ``"auto"`` if the ranks span several hosts
     and ``"0"`` on one machine, where the allreduce never waits for a wire.
 

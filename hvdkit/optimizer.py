@@ -15,17 +15,11 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from . import (
-    _buckets,
-    _compat,
-    _graph_progress,
-    _op_names,
-    _same_start,
-    collectives,
-    elastic,
-    process_sets,
-    runtime,
-)
+from . import _compat, _same_start, collectives, process_sets, runtime
+from ._comm import buckets as _buckets
+from ._comm import graph_progress as _graph_progress
+from ._comm import meeting as _meeting
+from ._comm import op_names as _op_names
 from ._validate import check_int
 from .backends import ReduceOp
 from .compression import Compression, Compressor
@@ -115,7 +109,7 @@ def reduce_gradients(
     (inside a ``tf.function``, while the backward pass computes the rest):
     by default the list is walked from its end (the last layer, whose
     gradient is ready first) and a bucket is closed at ``bucket_bytes``
-    (:mod:`hvdkit._buckets`). ``tf.IndexedSlices`` (embedding gradients) are
+    (:mod:`hvdkit._comm.buckets`). ``tf.IndexedSlices`` (embedding gradients) are
     allgathered, or densified first with ``sparse_as_dense=True``. With
     ``step`` (``DistributedOptimizer`` passes its ``iterations``) the first
     bucket also carries a marker of it: if the ranks are at different steps,
@@ -246,7 +240,7 @@ def _reduce_buckets(
     n = len(ps.ranks) if ps.process_set_id else runtime.size()
     # hvdkit.elastic: a rank that trains before it has the job's state (Horovod's elastic
     # example does) meets ranks at another step; traced again with the check once it has it
-    unchecked = step is None or elastic.state_pending()
+    unchecked = step is None or _meeting.state_pending()
     checks = [] if unchecked else [_check_step_marker(step, marker, op, n)]
     with tf.control_dependencies(checks):
         return {i: tf.identity(compression.decompress(r, packed[i][1])) for i, r in results.items()}

@@ -15,7 +15,9 @@ import time
 
 import tensorflow as tf
 
-from . import _compat, _meeting, _phases, _progress, config, environments
+from . import _compat, _phases, config, environments
+from ._comm import meeting as _meeting
+from ._comm import progress as _progress
 from ._validate import check_int
 from .backends import Backend, create
 from .errors import CollectiveError, ConfigurationError, NotInitializedError
@@ -71,7 +73,7 @@ def init(
 
     A rank that joins a running elastic job and cannot start because a peer
     was lost meanwhile waits for the scheduler's next world and starts in it
-    (:func:`hvdkit._meeting.join_next_world`), as the survivors do.
+    (:func:`hvdkit._comm.meeting.join_next_world`), as the survivors do.
 
     Raises:
         ConfigurationError: ``backend`` is unknown, or ``"local"`` while a
@@ -179,7 +181,7 @@ def _announce_joining() -> bool:
     It says ready (its worker tells the scheduler, which only then tells the
     survivors to leave their world at the next commit boundary) and waits for
     the go that comes when every rank of the new world is ready
-    (:mod:`hvdkit._meeting`). Returns whether it met them (once a process).
+    (:mod:`hvdkit._comm.meeting`). Returns whether it met them (once a process).
 
     Raises:
         ConfigurationError: no go within ``HVDKIT_SCHED_TIMEOUT``.
@@ -331,10 +333,10 @@ def shutdown() -> None:
 def rejoin() -> int:
     """Leave Horovod, meet the ranks of the elastic job's next world, start in it; the round.
 
-    After a collective failed for a lost peer (:func:`hvdkit._meeting.peer_lost`):
+    After a collective failed for a lost peer (:func:`hvdkit._comm.meeting.peer_lost`):
     :func:`hvdkit.elastic.run`'s recovery, and a :meth:`hvdkit.Checkpointer.restore`
     whose broadcast failed, go on as a rank of the next world
-    (:func:`hvdkit._meeting.join_next_world`).
+    (:func:`hvdkit._comm.meeting.join_next_world`).
 
     Example:
         >>> round_ = rejoin()            # then rank() and size() are the new world's

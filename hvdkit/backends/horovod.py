@@ -25,7 +25,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat, _graph_progress, _priority_trial, _sockets, _threads, config
+from .. import _compat, config
+from .._comm import graph_progress as _graph_progress
+from .._comm import priority_trial as _priority_trial
+from .._comm import sockets as _sockets
+from .._comm import threads as _threads
 from ..errors import CollectiveError, ConfigurationError
 from .base import Backend, ReduceOp
 

@@ -35,15 +35,7 @@ from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
 from .restart import RestartBudget, resume_step
-from .transport import (
-    GLOO,
-    MPI,
-    MPI_ENV,
-    busy_cores,
-    choose_transport,
-    mpi_root_env,
-    ranks_yield,
-)
+from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, mpi_root_env, ranks_yield
 
 EXIT_STALLED = 124  # as timeout(1)
 EXIT_PREEMPTED = config.EXIT_PREEMPTED  # stopped for SIGTERM at a checkpoint: run again

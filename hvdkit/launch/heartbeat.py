@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._progress import COMPLETED, WAITED_S, WAITING
+from .._comm.progress import COMPLETED, WAITED_S, WAITING
 from . import auth
 
 log = logging.getLogger("hvdkit.heartbeat")
@@ -206,7 +206,7 @@ def start_sender(
             "heartbeats could not be authenticated. Start the program with hvdkitrun (which "
             "sets them), or unset HVDKIT_MONITOR_ADDR."
         )
-    from .. import _progress
+    from .._comm import progress as _progress
 
     beats = Beats(token, rank, status, receiver=receiver)
     _progress.on_rank_change(beats.set_rank)  # an in-process recovery renumbers ranks
@@ -333,7 +333,7 @@ class HeartbeatMonitor:
     def stuck_report(self, timeout: float) -> str:
         """Why the job is stuck, if a live rank has waited in one collective over ``timeout``.
 
-        Ranks report the hvdkit collective they wait in (:mod:`hvdkit._progress`).
+        Ranks report the hvdkit collective they wait in (:mod:`hvdkit._comm.progress`).
         Waiting longer than the stall timeout means the other ranks are in a
         different collective, or in none (a long rank-local section): the
         report names what every rank is doing. ``""`` when nothing is stuck.

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import psutil
 
-from .. import _progress, config
+from .. import config
+from .._comm import progress as _progress
 from .._validate import is_int
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import _checkpoint_files as checkpoint_files
 from .. import config
 from .._validate import is_int
 from ..errors import LaunchError
+from ..fault import _checkpoint_files as checkpoint_files
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 8.0
@@ -90,7 +90,7 @@ def resume_step(directory: str | Path | None) -> int | None:
 
     Reads only the ``ckpt-<step>/manifest.json`` files that
     :class:`hvdkit.Checkpointer` leaves (layout and self-checksum from
-    :mod:`hvdkit._checkpoint_files`; no TensorFlow): the newest folder whose
+    :mod:`hvdkit.fault._checkpoint_files`; no TensorFlow): the newest folder whose
     manifest parses, holds an integer ``step`` and, where it carries
     ``manifest_sha256``, passes that self-check. A script that writes its own
     checkpoints in this layout gets the same line. Unfinished writes

@@ -12,7 +12,7 @@ Phases (:class:`Phase`)::
     JOINING   a growing round: the newcomers start their programs; the survivors,
               not told yet, train on in the round before
     MEETING   every rank knows its world; each says "ready", then all are told
-              "go" together (hvdkit._meeting)
+              "go" together (hvdkit._comm.meeting)
     TRAINING  the ranks train; a first round and a whole-job restart start here
     GRACE     a rank failed and the round cannot go on in-process: other failures
               are collected for FAILURE_GRACE_S, so the report names the culprit

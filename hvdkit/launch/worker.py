@@ -26,7 +26,8 @@ from typing import NoReturn
 
 import psutil
 
-from .. import _compat, _meeting, _phases, config
+from .. import _compat, _phases, config
+from .._comm import meeting as _meeting
 from ..errors import LaunchError
 from . import processes, protocol
 from .failures import describe_exit

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 import hvdkit
-from hvdkit import checkpoint as ckmod
+from hvdkit.fault import checkpoint as ckmod
 
 from _harness import Checks
 

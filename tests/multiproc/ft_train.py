@@ -91,7 +91,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdkit
-from hvdkit import checkpoint as checkpoint_module
+from hvdkit.fault import checkpoint as checkpoint_module
 
 FEATURES, CLASSES = 6, 3
 

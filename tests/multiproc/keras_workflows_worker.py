@@ -21,7 +21,7 @@ import tensorflow as tf
 from _equal import assert_close, assert_same_on_all_ranks, my_rows, weights
 
 import hvdkit as hvd
-from hvdkit import _progress
+from hvdkit._comm import progress as _progress
 
 from _harness import Checks
 

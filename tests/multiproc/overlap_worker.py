@@ -21,7 +21,9 @@ import tensorflow as tf
 from _equal import assert_close, assert_same_on_all_ranks, my_rows, weights
 
 import hvdkit as hvd
-from hvdkit import _buckets, _threads, runtime, sink
+from hvdkit import runtime, sink
+from hvdkit._comm import buckets as _buckets
+from hvdkit._comm import threads as _threads
 
 from _harness import Checks
 

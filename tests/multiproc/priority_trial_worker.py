@@ -1,7 +1,7 @@
 """HVDKIT_COMM_PRIORITY=auto on 2 ranks: the trial times both settings and keeps what it says.
 
 Run with the variable set (tests/test_threads_mp.py). Under Gloo the trial
-(hvdkit._priority_trial) starts at init; a custom ``tf.function`` loop
+(hvdkit._comm.priority_trial) starts at init; a custom ``tf.function`` loop
 trains until it decided. Its six windows come in the fixed order, each timed
 on real steps; the policy of Horovod's threads afterwards is the one its line
 names (``SCHED_RR`` only when it kept it), and ``fit`` still gives one
@@ -17,7 +17,9 @@ import tensorflow as tf
 from _equal import assert_fit_matches_one_process, small_problem
 
 import hvdkit as hvd
-from hvdkit import _priority_trial, _threads, runtime
+from hvdkit import runtime
+from hvdkit._comm import priority_trial as _priority_trial
+from hvdkit._comm import threads as _threads
 
 from _harness import Checks
 

@@ -15,7 +15,8 @@ import threading
 from _equal import assert_fit_matches_one_process
 
 import hvdkit as hvd
-from hvdkit import _threads, runtime
+from hvdkit import runtime
+from hvdkit._comm import threads as _threads
 
 from _harness import Checks
 

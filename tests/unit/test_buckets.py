@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hvdkit
-from hvdkit import _buckets, config
+from hvdkit import config
+from hvdkit._comm import buckets as _buckets
 
 sizes = st.lists(st.integers(min_value=0, max_value=10_000), max_size=30)
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import hvdkit
-from hvdkit import checkpoint as ckmod
 from hvdkit.data import ShardPositionCallback, ShardSampler, shard_indices
+from hvdkit.fault import checkpoint as ckmod
 
 
 @pytest.fixture(autouse=True)
@@ -464,7 +464,7 @@ _WRITER = """
 import os, signal, sys
 import numpy as np
 import hvdkit
-from hvdkit import checkpoint as ckmod
+from hvdkit.fault import checkpoint as ckmod
 hvdkit.init(backend="local")
 import keras
 keras.utils.set_random_seed(0)

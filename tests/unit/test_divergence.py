@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from hvdkit import _progress, config
+from hvdkit import config
+from hvdkit._comm import progress as _progress
 from hvdkit.errors import ConfigurationError
 from hvdkit.launch import heartbeat
 from hvdkit.launch.heartbeat import HeartbeatMonitor, RankStatus

@@ -7,7 +7,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from hvdkit import _graph_progress, _progress
+from hvdkit._comm import graph_progress as _graph_progress
+from hvdkit._comm import progress as _progress
 
 
 def status():

@@ -1,5 +1,5 @@
 """A rank whose Horovod start failed for a lost peer meets the next world and starts there
-(hvdkit/_meeting.py: join_next_world, peer_lost).
+(hvdkit/_comm/meeting.py: join_next_world, peer_lost).
 
 The multi-process side: tests/test_phases_mp.py (a survivor killed as Horovod starts, or
 before the rollback broadcast, in a world a newcomer joins) and tests/test_elastic_faults_mp.py.
@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from hvdkit import _meeting, config
+from hvdkit import config
+from hvdkit._comm import meeting as _meeting
 from hvdkit.errors import CollectiveError, LaunchError
 
 

@@ -33,7 +33,7 @@ def test_elastic_answers_introspection_without_refusing():
 
 
 def test_horovods_elastic_names_are_hvdkits_adapters():
-    from hvdkit import elastic_state
+    from hvdkit.fault import elastic_state
 
     for name in ["KerasState", "TensorFlowKerasState", "TensorFlowState", "ObjectState", "State"]:
         assert getattr(hvdkit.elastic, name) is getattr(elastic_state, name)
@@ -97,7 +97,7 @@ def test_unshard_puts_rows_back_in_dataset_order(local_runtime):
 def test_import_hvdkit_stays_without_tensorflow_and_hooks_keras_once():
     code = (
         "import sys, hvdkit\n"
-        "from hvdkit import _keras_registry as k\n"
+        "from hvdkit.keras import _registry as k\n"
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n"
         "hooks = [f for f in sys.meta_path if isinstance(f, k._AfterKerasImport)]\n"
         "k.install()\n"

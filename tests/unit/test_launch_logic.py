@@ -305,7 +305,7 @@ def test_resume_step_is_the_newest_complete_checkpoint(tmp_path):
 
 def test_resume_step_reads_the_real_checkpoint_format(tmp_path):
     """Against the writer hvdkit.Checkpointer uses (TensorFlow-free)."""
-    from hvdkit import _checkpoint_files
+    from hvdkit.fault import _checkpoint_files
 
     entry = {"group": "model", "name": "w", "dtype": "float32"}
     _checkpoint_files.write(tmp_path, 7, [(entry, lambda: np.ones(3, np.float32))], {"epoch": 0})

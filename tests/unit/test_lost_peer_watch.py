@@ -1,5 +1,5 @@
-"""A survivor leaves a world that lost a rank at the scheduler's word (hvdkit/elastic.py,
-hvdkit/_sockets.py).
+"""A survivor leaves a world that lost a rank at the scheduler's word (hvdkit/fault/elastic.py,
+hvdkit/_comm/sockets.py).
 
 The multi-process side: tests/multiproc/collectives_worker.py (a wait that nothing else
 ends fails once the peer abandons; Gloo and MPI), and the elastic jobs of
@@ -13,7 +13,10 @@ import socket
 
 import pytest
 
-from hvdkit import _meeting, _sockets, config, elastic, runtime
+from hvdkit import config, runtime
+from hvdkit._comm import meeting as _meeting
+from hvdkit._comm import sockets as _sockets
+from hvdkit.fault import elastic
 
 Watch = elastic._LostPeerWatch
 

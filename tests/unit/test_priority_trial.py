@@ -1,4 +1,4 @@
-"""HVDKIT_COMM_PRIORITY=auto's trial (hvdkit._priority_trial) on a simulated job, no clock.
+"""HVDKIT_COMM_PRIORITY=auto's trial (hvdkit._comm.priority_trial) on a simulated job, no clock.
 
 The simulated job takes steps whose length depends on the setting in force
 when each step begins; the trial's waits advance the simulated time.
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from hvdkit import _priority_trial as pt
+from hvdkit._comm import priority_trial as pt
 
 
 class Job:

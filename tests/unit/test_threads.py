@@ -1,4 +1,4 @@
-"""Horovod's threads ahead of TensorFlow's compute (hvdkit/_threads.py): which, what policy.
+"""Horovod's threads ahead of TensorFlow's compute (hvdkit/_comm/threads.py): which, what policy.
 
 The multi-process side (the threads Horovod starts get SCHED_RR under Gloo,
 never under MPI) is checked in tests/multiproc/overlap_worker.py.
@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from hvdkit import _threads, config
+from hvdkit import config
+from hvdkit._comm import threads as _threads
 from hvdkit.errors import ConfigurationError
 
 PR_SET_NAME = 15

@@ -3,12 +3,12 @@
 :mod:`hvdkit.elastic` keeps one :class:`MemoryCommit` per Checkpointer and
 takes a commit at each of its saves and restores; after a lost peer the
 survivors :meth:`~MemoryCommit.rollback` to it in their new world, without
-reading a file. Horovod's state classes (:mod:`hvdkit.elastic_state`) keep
+reading a file. Horovod's state classes (:mod:`hvdkit.fault.elastic_state`) keep
 theirs in the same way (:meth:`~MemoryCommit.load`, :meth:`~MemoryCommit.sync`).
 
 It uses only the Checkpointer's public methods (``variables``,
 ``state_dict``, ``load_state_dict``, ``reschedule``), and imports neither
-:mod:`hvdkit.checkpoint` nor :mod:`hvdkit.elastic`: both depend on it, it on
+:mod:`hvdkit.fault.checkpoint` nor :mod:`hvdkit.elastic`: both depend on it, it on
 neither.
 
 Example:
@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from . import _compat, _phases, collectives, runtime
-from .errors import HvdkitError
+from .. import _compat, _phases, collectives, runtime
+from ..errors import HvdkitError
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpointer

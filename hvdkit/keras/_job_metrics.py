@@ -33,8 +33,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from . import collectives, runtime
-from .errors import ConfigurationError
+from .. import collectives, runtime
+from ..errors import ConfigurationError
 
 # Keras 3's Trainer method that returns each epoch's and each evaluate's logs
 KERAS_LOGS_HOOK = "_get_metrics_result_or_logs"

@@ -3,7 +3,7 @@
 hvdkit's collectives mark when they start and end: eager calls from Python
 with :func:`enter`/:func:`leave`; the gradient allreduce inside the graph
 updates counters that a probe (:func:`add_probe`, registered by
-:mod:`hvdkit._graph_progress`) reads whenever a status is built, so a training
+:mod:`hvdkit._comm.graph_progress`) reads whenever a status is built, so a training
 step makes no Python call for it. The heartbeat sender puts :func:`status`
 into every heartbeat, so the launcher can tell a rank that has waited in one
 collective longer than the stall timeout (the others are in another

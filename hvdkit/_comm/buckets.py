@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _compat, config
-from ._validate import is_int
-from .errors import ConfigurationError
+from .. import _compat, config
+from .._validate import is_int
+from ..errors import ConfigurationError
 
 
 def by_bytes(nbytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:

@@ -45,12 +45,14 @@ from typing import Any
 import keras
 import numpy as np
 
-from . import _meeting, collectives, preemption, runtime
+from .. import collectives, runtime
+from .._comm import meeting as _meeting
+from .._validate import check_int
+from ..data.sampler import ShardSampler
+from ..errors import ConfigurationError
+from . import preemption
 from ._memory_commit import MemoryCommit
-from ._validate import check_int
 from .checkpoint import Checkpointer
-from .data.sampler import ShardSampler
-from .errors import ConfigurationError
 
 __all__ = [
     "State",

@@ -10,7 +10,7 @@ on another number of ranks), the host random-number state (Python's
 a JSON-able dict of user extras.
 
 Rank 0 writes each checkpoint atomically (a temporary folder, fsync,
-rename; a manifest with SHA-256 checksums; see :mod:`hvdkit._checkpoint_files`)
+rename; a manifest with SHA-256 checksums; see :mod:`hvdkit.fault._checkpoint_files`)
 and keeps the last ``keep``; :meth:`Checkpointer.restore` skips torn or corrupt
 ones with a warning and loads the newest complete one on rank 0, then
 broadcasts it.
@@ -33,12 +33,14 @@ from typing import Any, NoReturn
 import keras
 import numpy as np
 
+from .. import _compat, _phases, collectives, config, errors, runtime
+from .._comm import meeting as _meeting
+from .._validate import check_int, is_number
+from ..data.sampler import ShardPositionCallback, ShardSampler
+from ..data.sharding import shard_length
+from ..errors import ConfigurationError, HvdkitError
 from . import _checkpoint_files as files
-from . import _compat, _meeting, _phases, collectives, config, errors, preemption, runtime
-from ._validate import check_int, is_number
-from .data.sampler import ShardPositionCallback, ShardSampler
-from .data.sharding import shard_length
-from .errors import ConfigurationError, HvdkitError
+from . import preemption
 
 __all__ = ["Checkpointer", "CheckpointWarning"]
 
@@ -101,7 +103,7 @@ class Checkpointer:
     Args:
         directory: Folder of the checkpoints (created if missing); the same
             path for every rank (only rank 0 uses it). ``None``: nothing is
-            written (Horovod's elastic state classes, :mod:`hvdkit.elastic_state`,
+            written (Horovod's elastic state classes, :mod:`hvdkit.fault.elastic_state`,
             keep their commits in memory only).
         model: A built ``keras.Model``; all of ``model.variables`` are saved.
         optimizer: Its optimizer; ``None`` means ``model.optimizer`` when the

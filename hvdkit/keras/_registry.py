@@ -31,7 +31,7 @@ class _DistributedOptimizerEntry:
 
     @staticmethod
     def from_config(config, custom_objects=None):
-        from .optimizer import DistributedOptimizer  # registers the real class over this entry
+        from ..optimizer import DistributedOptimizer  # registers the real class over this entry
 
         return DistributedOptimizer.from_config(config, custom_objects=custom_objects)
 

@@ -16,7 +16,7 @@ variant in the same job (docs/performance.md):
 
 Hence not always: ``1`` always, ``0`` never, and ``auto`` (the default when
 the ranks span several hosts) tries both on the job's own steps and keeps
-the faster (:mod:`hvdkit._priority_trial`). Only under Gloo: Open MPI's TCP
+the faster (:mod:`hvdkit._comm.priority_trial`). Only under Gloo: Open MPI's TCP
 transport polls while it waits (397 ms of CPU for a 398 ms allreduce here),
 and a polling real-time thread would starve the backward pass. All of
 Horovod's threads or none: favouring one of them alone made steps of 5-11 s

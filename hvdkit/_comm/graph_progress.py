@@ -1,7 +1,7 @@
 """Progress markers of the gradient allreduce inside the graph, without a Python call.
 
 A rank stuck in its gradient allreduce must be named by the launcher
-(:mod:`hvdkit._progress`). The allreduce runs inside ``tf.function``, so the
+(:mod:`hvdkit._comm.progress`). The allreduce runs inside ``tf.function``, so the
 markers are graph ops. They update three int64 variables on the CPU (entries,
 exits, the step of the last entry); the heartbeat thread reads them each time
 it builds a status (once a second) through the probe registered here, so a
@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from . import _progress
+from . import progress as _progress
 
 WHAT = "gradient allreduce"
 _lock = threading.Lock()
@@ -30,7 +30,7 @@ _counters: tuple[tf.Variable, tf.Variable, tf.Variable] | None = None
 
 
 class _Probe:
-    """Reads the counters for :func:`hvdkit._progress.status` (heartbeat thread)."""
+    """Reads the counters for :func:`hvdkit._comm.progress.status` (heartbeat thread)."""
 
     def __init__(self, counters):
         self._counters = counters
@@ -46,7 +46,7 @@ class _Probe:
         return self._last
 
     def forget(self) -> None:
-        """Horovod was shut down (:func:`hvdkit._progress.forget_waits`): the allreduces
+        """Horovod was shut down (:func:`hvdkit._comm.progress.forget_waits`): the allreduces
         entered so far failed, and will never be left. A wait that no status saw before
         would otherwise be timed from the first status after, and grow while the rank
         rejoins."""
@@ -80,7 +80,7 @@ def _variables() -> tuple[tf.Variable, tf.Variable, tf.Variable]:
 def steps_done() -> int | None:
     """Gradient allreduces this process finished so far; None before the first was built.
 
-    Read from other threads (the heartbeat's probe, :mod:`hvdkit._priority_trial`).
+    Read from other threads (the heartbeat's probe, :mod:`hvdkit._comm.priority_trial`).
     """
     counters = _counters
     if counters is None:

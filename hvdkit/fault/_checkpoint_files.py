@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataFormatError
+from ..errors import DataFormatError
 
 FORMAT = "hvdkit-checkpoint"
 FORMAT_VERSION = 1

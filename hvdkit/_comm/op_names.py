@@ -24,7 +24,7 @@ import weakref
 
 import tensorflow as tf
 
-from . import _compat
+from .. import _compat
 
 _BRANCH_GRAPHS = _compat.control_flow_graph_classes()
 _counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

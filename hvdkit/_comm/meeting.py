@@ -25,6 +25,11 @@ in elastic jobs), and ranks notice a lost peer up to that long apart, more on
 a loaded machine: a rank that started Horovod first would time out waiting
 for the others and abort. The ``go`` makes every rank start within moments
 of the others.
+
+Also here, below :mod:`hvdkit.runtime` and the optimizer, because both need
+them without the fault-tolerance package: :func:`join_next_world` (wait for
+the next world and start in it; runtime's and the Checkpointer's retries use
+it) and :func:`state_pending` (the optimizer's step check asks it).
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from . import _phases, config
-from .errors import CollectiveError, LaunchError
+from .. import _phases, config
+from ..errors import CollectiveError, LaunchError
 
 ASSIGN, READY, GO, RESUMED, FINISHED = "assign.json", "ready", "go", "resumed", "finished"
 POLL_S = 0.02
@@ -229,3 +234,32 @@ def _after_failed_start_s() -> float:
     rank = config.get_int("HOROVOD_RANK", 0, minimum=0)  # in the round that failed to start
     size = config.get_int(config.HOROVOD_SIZE, rank + 1, minimum=rank + 1)
     return stall + gloo + _START_MARGIN_S + _START_STAGGER_S * (size - 1 - rank)
+
+
+class StatePending:
+    """Whether this rank trains before it has the job's state (Horovod's elastic example does).
+
+    Horovod's elastic Keras example trains one step before ``run`` syncs the
+    state, at the start and in its reset callback, so a newcomer's first step
+    (its optimizer at step 0) meets the others' (at their step). The
+    optimizer's check that every rank reduces the same step would stop that
+    job; functions traced while this is true leave it out, and ``hvdkit.elastic.run``
+    traces them again once the state came. Here, below the optimizer, so that it
+    can ask without importing :mod:`hvdkit.fault`.
+    """
+
+    synced_once = False
+    rejoined = False
+
+    @classmethod
+    def received(cls) -> None:
+        cls.synced_once, cls.rejoined = True, False
+
+
+def state_pending() -> bool:
+    """Whether this rank of an elastic job trains before it received the job's state.
+
+    True before the first ``restore()``/``sync()`` of this process and, with
+    Horovod's state classes, between a new world and its ``sync()``.
+    """
+    return enabled() and (not StatePending.synced_once or StatePending.rejoined)

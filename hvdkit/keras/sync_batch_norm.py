@@ -10,8 +10,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from . import _op_names, collectives, runtime
-from .errors import ConfigurationError
+from .. import collectives, runtime
+from .._comm import op_names as _op_names
+from ..errors import ConfigurationError
 
 __all__ = ["SyncBatchNormalization"]
 
@@ -85,7 +86,7 @@ def _job_sum(x: tf.Tensor) -> tf.Tensor:
 
     Horovod's own gradient of an allreduce names its allreduce after the
     gradient tensor, whose name holds the layer's per-process Keras name; a rank
-    that built one more layer first would wait forever (see hvdkit._op_names).
+    that built one more layer first would wait forever (see hvdkit._comm.op_names).
     """
     name = _op_names.stable_name("sync_batch_norm")
 

@@ -1,7 +1,7 @@
 """Loading a Keras model for data-parallel training (Horovod's ``hvd.load_model``).
 
 ``keras.models.load_model`` alone already round-trips a model compiled with
-``DistributedOptimizer`` once hvdkit is imported (:mod:`hvdkit._keras_registry`).
+``DistributedOptimizer`` once hvdkit is imported (:mod:`hvdkit.keras._registry`).
 :func:`load_model` also takes a file saved by plain Keras, one process, and
 makes sure the optimizer it returns averages gradients, keeping the loaded
 optimizer state, so that training resumes where the file left off.
@@ -13,11 +13,11 @@ import os
 
 import keras
 
-from . import collectives, runtime
-from ._keras_registry import REGISTERED_NAME
-from .compression import Compressor
-from .errors import ConfigurationError
-from .optimizer import DistributedOptimizer
+from .. import collectives, runtime
+from ..compression import Compressor
+from ..errors import ConfigurationError
+from ..optimizer import DistributedOptimizer
+from ._registry import REGISTERED_NAME
 
 __all__ = ["load_model", "save_model"]
 

@@ -1,6 +1,6 @@
 """``HVDKIT_COMM_PRIORITY=auto``: try Horovod's threads first, keep whichever trains faster.
 
-Horovod's threads on ``SCHED_RR`` (:mod:`hvdkit._threads`) hide more of the
+Horovod's threads on ``SCHED_RR`` (:mod:`hvdkit._comm.threads`) hide more of the
 gradient allreduce where the wire bounds it and cost steps where the core
 does (``benchmarks/overlap.py``, one core per simulated host: 0.89-0.95x the
 step at 1 Gbit/s, 1.06-1.10x at 10 Gbit/s). Which one a job has is not known
@@ -13,7 +13,7 @@ weighs on both alike), and keeps ``SCHED_RR`` only if its median window is
 at least :data:`MARGIN` faster. Ties keep the normal policy, Horovod's own.
 
 The steps are counted by the gradient allreduce's progress marker
-(:mod:`hvdkit._graph_progress`), read from the trial's thread: ``fit``,
+(:mod:`hvdkit._comm.graph_progress`), read from the trial's thread: ``fit``,
 ``hvdkit.sink`` and custom ``tf.function`` loops are measured alike, with no
 call in the step. The first step after a switch is not timed (it ran partly
 under the other setting). Each rank decides from its own clock; all ranks
@@ -58,7 +58,7 @@ class PriorityTrial:
 
     Args:
         steps: the number of training steps done so far, or None before the
-            first one was traced (``hvdkit._graph_progress.steps_done``).
+            first one was traced (``hvdkit._comm.graph_progress.steps_done``).
         favour: put Horovod's threads on ``SCHED_RR``; returns a line saying
             what happened (``"... not permitted ..."`` ends the trial).
         unfavour: put them back on the normal policy.
