@@ -171,7 +171,7 @@ def _refuse_horovod_elastic() -> None:
             "job with hvdkit's elastic launch instead: HVDKIT_ELASTIC=1 HVDKIT_WORKER_NUM=N "
             "HVDKIT_MIN_WORKERS=M examples/cluster/run_scheduler.sh, then "
             "examples/cluster/run_workers.sh K python train.py on each host "
-            "(docs/fault-tolerance.md#in-process-recovery-and-growth-hvdkitelastic)."
+            "(docs/elastic.md)."
         )
 
 
