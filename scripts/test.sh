@@ -21,18 +21,17 @@ fi
 if (($#)); then
     exec python -m pytest "$@"
 fi
-# Pytest workers, each running one test file at a time (a file's 2-rank job is
-# shared by its tests). Most of the suite waits (stall timeouts, restarts, a rank
-# killed on purpose): with 2 workers on 2 cores the
-# processes it launched used 1720 CPU seconds in a 1829 s run
-# (HVDKIT_TEST_CPU_LOG, tests/multiproc/sitecustomize.py), half of the cores;
-# 3 workers took 23:40, so the default is two workers per core, at most 8
-# (a file's job takes up to about 3 GB of memory).
+# One pytest worker per core plus one, each running one test file at a time (a
+# file's 2-rank job is shared by its tests). With 2 workers on 2 cores the
+# processes it launched used 1720 CPU seconds in a 1829 s run (half the cores:
+# waits), so a third keeps the cores busy; a fourth was measured not to help:
+# 95 % of both cores busy and 25:55 for the suite (performance-record.md).
+# At most 8 (a file's job takes up to about 3 GB of memory).
 # HVDKIT_TEST_WORKERS=N sets the number; 0 runs everything in this process.
 # A pytest worker that dies (a test must never end its runner) fails the run at
 # once: xdist's replacement worker was seen to leave the run waiting for ever.
 cores="$(nproc)"
-workers="${HVDKIT_TEST_WORKERS:-$((2 * cores < 8 ? 2 * cores : 8))}"
+workers="${HVDKIT_TEST_WORKERS:-$((cores < 8 ? cores + 1 : 8))}"
 dist=()
 if [[ "$workers" != 0 ]]; then dist=(-n "$workers" --dist loadfile --max-worker-restart 0); fi
 exec python -m pytest tests -p no:cacheprovider --durations=40 "${dist[@]}"

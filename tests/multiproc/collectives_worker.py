@@ -243,7 +243,8 @@ with c.check("abandon_ends_a_wait_that_nothing_else_would"):  # the job's last c
     # only warns of a stall). Rank 1 abandons the world instead (hvdkit.elastic does so
     # when the scheduler says a rank was lost): under Gloo rank 0's wait fails at once,
     # as for a lost peer, and so does rank 1's next collective.
-    from hvdkit import elastic, runtime
+    from hvdkit import runtime
+    from hvdkit._comm import meeting
 
     if hvd.gloo_enabled():
         if r == 1:
@@ -252,7 +253,7 @@ with c.check("abandon_ends_a_wait_that_nothing_else_would"):  # the job's last c
         try:
             hvd.allreduce(np.ones(3, np.float32), name="hvdkit.test.abandoned")
         except Exception as exc:  # whatever Horovod raises, it is classified
-            assert elastic._peer_lost(exc), repr(exc)
+            assert meeting.peer_lost(exc), repr(exc)
         else:
             raise AssertionError("the allreduce returned")
         runtime.shutdown()
