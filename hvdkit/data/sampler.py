@@ -312,6 +312,28 @@ class ShardSampler:
             self._start = cursor
             self._position = 0
 
+    def reshard(self, num_shards: int | None = None, shard_id: int | None = None) -> None:
+        """Read as shard ``shard_id`` of ``num_shards`` from here on (the world changed).
+
+        The job's :attr:`cursor` is kept: on another number of shards the rest
+        of the epoch (positions ``cursor .. N-1`` of its list) is shared out
+        again, ``start`` becomes the cursor and ``position`` 0, exactly as
+        :meth:`load_state_dict` does with a state of another number of shards;
+        on the same number only ``shard_id`` changes. ``None`` means
+        ``hvdkit.size()`` / ``hvdkit.rank()``. The elastic roll-back calls it
+        before loading the committed state into the new world.
+
+        Example:
+            >>> s = ShardSampler(12, 2, 0); s.advance(3); s.reshard(3, 1)
+            >>> s.start, s.position, len(s)
+            (6, 0, 2)
+        """
+        num_shards, shard_id = resolve_shards(num_shards, shard_id)
+        check_shard_args(self.num_samples, num_shards, shard_id, self.mode, self.seed)
+        if num_shards != self.num_shards:
+            self._start, self._position = self.cursor, 0
+        self.num_shards, self.shard_id = num_shards, shard_id
+
     def dataset(
         self, source: Any, *, chunk_size: int = 256, mask_padding: bool = False
     ) -> tf.data.Dataset:

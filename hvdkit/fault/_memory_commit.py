@@ -109,7 +109,7 @@ class MemoryCommit:
         _phases.enter("reshard")
         ckpt = self.ckpt
         if ckpt.sampler is not None:
-            ckpt.sampler.num_shards, ckpt.sampler.shard_id = runtime.size(), runtime.rank()
+            ckpt.sampler.reshard(runtime.size(), runtime.rank())
         ckpt.load_state_dict(json.loads(json.dumps(header["state"])))
         self.save()
         ckpt.reschedule()

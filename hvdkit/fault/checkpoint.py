@@ -401,7 +401,7 @@ class Checkpointer:
                 )
             runtime.rejoin()
             if self.sampler is not None:  # the new world's shards, as a roll back takes them
-                self.sampler.num_shards, self.sampler.shard_id = runtime.size(), runtime.rank()
+                self.sampler.reshard(runtime.size(), runtime.rank())
 
     def _restore_once(self) -> int:
         _phases.enter("restore")

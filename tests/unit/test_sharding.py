@@ -145,6 +145,56 @@ def test_masked_padding_trains_every_sample_once_through_a_change_of_size(n, s, 
     assert len(lengths) == 1  # as many steps on every rank
 
 
+@PROPS
+@given(n=sizes, s=shards, s2=shards, seed=seeds, data=st.data())
+def test_reshard_shares_out_the_rest_of_the_epoch_as_a_resume_on_new_shards_does(
+    n, s, s2, seed, data
+):
+    """reshard(S', r') mid-epoch: the S' shards read the epoch's list from the cursor
+    on, every position once (pad mode's repeats weighed 0), the same indices as a
+    sampler of S' shards loading the saved state; on S' == S only the id changes."""
+    epoch = data.draw(st.integers(0, 50))
+    a = ShardSampler(n, s, 0, shuffle=True, seed=seed)
+    a.set_epoch(epoch)
+    k = data.draw(st.integers(0, len(a)))
+    a.advance(k)
+    cursor, state = a.cursor, json.loads(json.dumps(a.state_dict()))
+    rest = collections.Counter()
+    for r2 in range(s2):
+        moved = ShardSampler(n, s, 0, shuffle=True, seed=seed)
+        moved.load_state_dict(state)
+        moved.reshard(s2, r2)
+        loaded = ShardSampler(n, s2, r2, shuffle=True, seed=seed)
+        loaded.load_state_dict(state)
+        assert (moved.num_shards, moved.shard_id, moved.epoch) == (s2, r2, epoch)
+        assert (moved.start, moved.position) == (loaded.start, loaded.position)
+        np.testing.assert_array_equal(moved.indices(), loaded.indices())
+        ids = moved.indices()
+        rest.update(ids[moved.weights() == 1].tolist())
+        if s2 != s:
+            assert (moved.start, moved.position, moved.cursor) == (cursor, 0, cursor)
+    if s2 != s:
+        assert rest == collections.Counter(order(n, True, seed, epoch)[cursor:].tolist())
+
+
+def test_reshard_defaults_to_the_job_and_names_a_bad_shard():
+    s = ShardSampler(12, 2, 0)
+    s.advance(3)
+    s.reshard(3, 1)
+    assert (s.start, s.position, len(s)) == (6, 0, 2)
+    np.testing.assert_array_equal(s.indices(), [7, 10])
+    with pytest.raises(
+        hvdkit.errors.ShardingError, match=r"shard_id=3 is outside \[0, num_shards=3\)"
+    ):
+        s.reshard(3, 3)
+    assert (s.num_shards, s.shard_id) == (3, 1)  # a refused reshard changes nothing
+    with pytest.raises(hvdkit.errors.NotInitializedError, match=r"pass num_shards=1, shard_id=0"):
+        s.reshard()  # the job's size and rank, but hvdkit.init() was not called
+    s.reshard(1, 0)
+    assert (s.num_shards, s.shard_id, s.start, s.position) == (1, 0, 6, 0)
+    np.testing.assert_array_equal(s.indices(), np.arange(6, 12))
+
+
 @given(n=sizes, s=shards, start=st.data(), mode=st.sampled_from(["drop", "uneven"]))
 def test_only_pad_mode_has_weights_of_zero(n, s, start, mode):
     if mode == "drop" and n < s:
