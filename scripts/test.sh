@@ -33,5 +33,8 @@ fi
 cores="$(nproc)"
 workers="${HVDKIT_TEST_WORKERS:-$((cores < 8 ? cores + 1 : 8))}"
 dist=()
-if [[ "$workers" != 0 ]]; then dist=(-n "$workers" --dist loadfile --max-worker-restart 0); fi
+# Files go out in collection order: the longest first (tests/conftest.py).
+if [[ "$workers" != 0 ]]; then
+    dist=(-n "$workers" --dist loadfile --no-loadscope-reorder --max-worker-restart 0)
+fi
 exec python -m pytest tests -p no:cacheprovider --durations=40 "${dist[@]}"
