@@ -127,7 +127,8 @@ def init(backend: str | None = None, **kwargs) -> None:
     it registers :class:`DistributedOptimizer` with Keras, makes Keras's
     ``BackupAndRestore`` refuse jobs of several ranks (pointing at
     :class:`Checkpointer`) and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
-    watches for its stall timeout.
+    watches for its stall timeout (in an elastic job before Horovod starts, so
+    that a rank frozen in its first start is found too).
 
     With ``HVDKIT_ROLE`` or ``MS_ROLE`` set (MindSpore's flow: the same
     script started once as ``MS_SCHED`` and once per worker as ``MS_WORKER``)
@@ -152,7 +153,20 @@ def init(backend: str | None = None, **kwargs) -> None:
         from .launch.slurm import join_srun_step
 
         join_srun_step()  # srun's tasks: over Gloo hvdkit starts Horovod's rendezvous
+    from ._comm import meeting as _meeting
+    from ._comm import progress as _progress
+
     first = not runtime.is_initialized()
+    # In an elastic job the heartbeat starts before Horovod does: a rank frozen
+    # as the job first starts (or as it joins) then falls silent to its worker,
+    # which stops it at the stall timeout, and the others meet the next world
+    # (runtime.init) instead of waiting for a rank nobody reports lost.
+    early = first and _meeting.enabled() and config.get(config.MONITOR_ADDR)
+    early = early and config.get_int(config.HOROVOD_RANK, -1) >= 0
+    if early:
+        from .launch.heartbeat import start_sender_from_env
+
+        start_sender_from_env(config.get_int(config.HOROVOD_RANK, 0), status=_progress.status)
     runtime.init(backend, **kwargs)
     if not first:
         return
@@ -164,9 +178,9 @@ def init(backend: str | None = None, **kwargs) -> None:
     else:
         callbacks.refuse_backup_and_restore()
         optimizer.route_loss_scaling()  # the one patch of Keras (hvdkit._compat)
-    from ._comm import progress as _progress
-
-    if config.get(config.MONITOR_ADDR):
+    if early:
+        _progress.rank_changed(runtime.rank())  # a failed first start may renumber it
+    elif config.get(config.MONITOR_ADDR):
         from .launch.heartbeat import start_sender_from_env
 
         start_sender_from_env(runtime.rank(), status=_progress.status)

@@ -76,7 +76,7 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
         _stepped_in[:] = [round_]
         phase = "first_step"
     if rank is None:
-        rank, size = _env_int("HOROVOD_RANK"), _env_int(config.HOROVOD_SIZE)
+        rank, size = _env_int(config.HOROVOD_RANK), _env_int(config.HOROVOD_SIZE)
     trap_path = os.path.join(_folder, "trap")
     try:
         with open(trap_path) as f:

@@ -29,6 +29,7 @@ from .errors import ConfigurationError, LaunchError
 
 # --- set by launchers; read to tell whether this process is part of a job ---
 HOROVOD_SIZE = "HOROVOD_SIZE"  # horovodrun --gloo, hvdkitrun, scheduler/worker
+HOROVOD_RANK = "HOROVOD_RANK"  # the same launchers: this process's rank before Horovod starts
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"  # mpirun / horovodrun --mpi (Open MPI)
 PMI_SIZE = "PMI_SIZE"  # MPICH / Intel MPI
 LAUNCHER_SIZE_VARS = (HOROVOD_SIZE, OMPI_SIZE, PMI_SIZE)

@@ -41,6 +41,9 @@ __all__ = [
 # from them (tests/unit/test_layering.py).
 logger = logging.getLogger("hvdkit")
 _backend: Backend | None = None
+# Inside _meeting.join_next_world: a failed start is its to handle (it waits for
+# the world after), so init() raises it there instead of meeting again itself.
+_rejoining = False
 
 
 def init(
@@ -71,8 +74,10 @@ def init(
             to allow :func:`hvdkit.add_process_set` later
             (:mod:`hvdkit.process_sets`).
 
-    A rank that joins a running elastic job and cannot start because a peer
-    was lost meanwhile waits for the scheduler's next world and starts in it
+    In an elastic job (a worker of ``HVDKIT_ELASTIC=1`` started this
+    process), a rank that cannot start because a peer was lost meanwhile,
+    be it at the job's first start or as it joins a running job, waits for
+    the scheduler's next world and starts in it
     (:func:`hvdkit._comm.meeting.join_next_world`), as the survivors do.
 
     Raises:
@@ -120,10 +125,11 @@ def init(
     try:
         _backend = create(name, [ps.ranks for ps in new], dynamic)
     except CollectiveError as exc:
-        if not joining:
+        if _rejoining or not (joining or _meeting.enabled()):
             raise
-        # A newcomer's start failed for a lost peer: as the survivors do, it meets
-        # the next world and starts there (this init again, the join behind it).
+        # The first start of an elastic job, or a newcomer's, failed for a lost
+        # peer: as the survivors of a regroup do, the rank meets the next world
+        # and starts there (this init again, the join behind it).
         again = functools.partial(
             init,
             backend,
@@ -131,7 +137,7 @@ def init(
             pin_gpu=pin_gpu,
             process_sets=process_sets,
         )
-        _meeting.join_next_world(again, failed=exc)
+        _join_next_world(again, failed=exc)
         return
     ids = iter(_backend.process_set_ids())
     sets_.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], size())
@@ -344,9 +350,19 @@ def rejoin() -> int:
     _phases.enter("leave")
     shutdown()
     _progress.forget_waits()  # not "stuck in a collective" while it rejoins
-    round_ = _meeting.join_next_world(init)
+    round_ = _join_next_world(init)
     _progress.rank_changed(rank())  # the heartbeats speak for the new rank
     return round_
+
+
+def _join_next_world(start, failed: CollectiveError | None = None) -> int:
+    """:func:`hvdkit._comm.meeting.join_next_world`, with ``start``'s failures raised to it."""
+    global _rejoining
+    _rejoining = True
+    try:
+        return _meeting.join_next_world(start, failed=failed)
+    finally:
+        _rejoining = False
 
 
 def is_initialized() -> bool:

@@ -20,6 +20,10 @@ alone) and finish; its worlds are (3 ranks from step 0, 1 rank from step
 10), replayed without faults (one job per world): equal final weights bit
 for bit, and every sample of every epoch trained exactly once in both.
 
+A third test aims a SIGKILL and a freeze at the job's very first start (round
+0, no regroup before it): the two others, inside their script's
+``hvdkit.init()``, meet round 1 in their processes.
+
 No test bounds wall-clock time; the freeze's time to train again is printed
 (``-s``) for docs/fault-tolerance.md.
 """
@@ -36,7 +40,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_elastic_mp import HANG, final_weights, records, start_job, trained_ids
+from test_elastic_mp import (
+    HANG,
+    final_weights,
+    records,
+    replay_worlds,
+    start_job,
+    trained_ids,
+)
 
 SAMPLES, EPOCHS, CRASH, LAST_SAVE = 96, 3, 12, 10
 WORLDS = [(0, 3), (LAST_SAVE, 1)]  # (first step, ranks) of each world that trained
@@ -158,3 +169,54 @@ def test_a_rank_frozen_as_horovod_starts_costs_one_more_regroup(tmp_path, replay
         f"\nfrozen at Horovod's start: rank 0 trained again {again - hit['at']:.2f} s after "
         f"the freeze (stall timeout {stall:g} s + 3 s = {stall + 3:g} s)"
     )
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(tmp_path, how):
+    """Round 0, the job's first start: rank 1 dies (or freezes, and its worker stops it
+    at the stall timeout: its heartbeat began before Horovod's start) as Horovod starts,
+    before any round trained. The two others, still inside their script's
+    ``hvdkit.init()``, meet round 1 in their processes and train the whole job on 2
+    ranks (no return: the faulty rank's worker has no budget for one). One "go on
+    in-process", no whole-job restart; exit 0, every sample of every epoch once, and
+    final weights equal to a fault-free job of 2 ranks."""
+    root = tmp_path / "job"
+    hook = root / "hook"
+    hook.mkdir(parents=True)
+    (hook / "trap").write_text(json.dumps({"phase": "init", "action": how, "rank": 1}))
+    job, out = start_job(
+        root,
+        "--mask-padding",
+        samples=SAMPLES,
+        epochs=EPOCHS,
+        HVDKIT_ELASTIC="1",
+        HVDKIT_MAX_RESTARTS="0",
+        HVDKIT_PHASE_HOOK=str(hook),
+        HVDKIT_STALL_TIMEOUT="8",  # the frozen rank's worker kills it then
+    )
+    hit = wait_for_hit(job, hook)
+    result = job.finish()
+    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
+    sched = result["scheduler"][1]
+    assert result["scheduler"][0] == 0, report
+    assert (hit["rank"], hit["size"], hit["round"]) == (1, 3, 0), hit
+    assert "2 of 3 workers go on in-process as round 1" in sched, report
+    assert sched.count("go on in-process as round") == 1, report
+    assert not re.search(r"scheduler: restart \d+/", sched), report
+    everyone = "".join(ln for n in job.lines for ln in job.lines[n])
+    assert everyone.count("Horovod could not start in round 0") == 2, everyone[-3000:]
+    # Two programs trained, from round 1 (no return was allowed: a survivor whose
+    # program had died would have ended the job non-zero).
+    files = sorted(p.name for p in out.glob("ids-*"))
+    assert files == ["ids-a1-r0.jsonl", "ids-a1-r1.jsonl"], files
+    firsts = [records(out / name)[0] for name in files]
+    assert firsts == [{"resumed_from": 0, "size": 2}] * 2, (files, firsts)
+    (ref,) = replay_worlds(tmp_path / "replay", [(0, 2)], SAMPLES, EPOCHS)
+    job_w, ref_w = final_weights(out), final_weights(ref)
+    assert len(job_w) == len(ref_w) == 2, (len(job_w), len(ref_w))
+    for w in job_w + ref_w[1:]:
+        np.testing.assert_array_equal(w, ref_w[0])
+    ids = trained_ids(out)
+    assert sorted(ids) == list(range(EPOCHS)), sorted(ids)
+    for epoch, counts in ids.items():
+        assert counts == collections.Counter(range(SAMPLES)), (epoch, counts)

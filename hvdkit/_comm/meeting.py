@@ -231,7 +231,7 @@ def _after_failed_start_s() -> float:
     """
     stall = config.get_float(config.STALL_TIMEOUT, config.DEFAULT_STALL_TIMEOUT_S, positive=True)
     gloo = config.get_float(config.GLOO_TIMEOUT, config.ELASTIC_GLOO_TIMEOUT_S, positive=True)
-    rank = config.get_int("HOROVOD_RANK", 0, minimum=0)  # in the round that failed to start
+    rank = config.get_int(config.HOROVOD_RANK, 0, minimum=0)  # in the round that failed to start
     size = config.get_int(config.HOROVOD_SIZE, rank + 1, minimum=rank + 1)
     return stall + gloo + _START_MARGIN_S + _START_STAGGER_S * (size - 1 - rank)
 

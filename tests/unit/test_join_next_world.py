@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from hvdkit import config
+from hvdkit import config, runtime
 from hvdkit._comm import meeting as _meeting
 from hvdkit.errors import CollectiveError, LaunchError
 
@@ -53,6 +53,50 @@ def test_no_next_world_after_a_failed_start_ends_the_rank_naming_gloos_timeout(f
     with pytest.raises(LaunchError, match=config.GLOO_TIMEOUT) as info:
         _meeting.join_next_world(lambda: None, failed=CollectiveError("Horovod could not start"))
     assert "round 2" in str(info.value)
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_an_elastic_jobs_first_start_that_fails_meets_the_next_world(folder, monkeypatch, failures):
+    """Round 0 (no newcomer: the job's first start) loses a peer as Horovod starts: the
+    rank waits for round 1 in its process; if that start fails too, for round 2."""
+    monkeypatch.setenv(config.RESTART_COUNT, "0")
+    real, rounds = runtime.create, []
+
+    def create(name, sets, dynamic):
+        rounds.append(config.restart_count())
+        if len(rounds) <= failures:
+            offer(folder, len(rounds), rank=0)  # the scheduler's next world
+            raise CollectiveError("Horovod could not start")
+        return real(name, sets, dynamic)
+
+    joins = []
+
+    def join_next_world(start, failed=None):
+        joins.append(failed)
+        return real_join(start, failed=failed)
+
+    real_join = _meeting.join_next_world
+    monkeypatch.setattr(runtime, "create", create)
+    monkeypatch.setattr(_meeting, "join_next_world", join_next_world)
+    runtime.init("local")
+    try:
+        assert rounds == list(range(failures + 1))
+        assert len(joins) == 1  # a second failure is the first meeting's to handle: no nesting
+        assert runtime.is_initialized() and not runtime._rejoining
+    finally:
+        runtime.shutdown()
+
+
+def test_a_failed_start_outside_an_elastic_job_raises(monkeypatch):
+    monkeypatch.delenv(config.ELASTIC_DIR, raising=False)
+
+    def create(name, sets, dynamic):
+        raise CollectiveError("Horovod could not start")
+
+    monkeypatch.setattr(runtime, "create", create)
+    with pytest.raises(CollectiveError, match="could not start"):
+        runtime.init("local")
+    assert not runtime.is_initialized()
 
 
 @pytest.mark.parametrize(
