@@ -237,8 +237,9 @@ def phase_job(seed: int, cells: int, keep: Path | None) -> dict:
             for line in f.read_text().splitlines()
             if '"ids"' in line
         ]
-        if keep is not None:
-            (Path(tmp) / "scheduler.log").write_text(chain.log())
+        if keep is not None:  # every process's output: the workers' hold their ranks' lines
+            for name, lines in list(chain.job.lines.items()):
+                (Path(tmp) / f"{name}.log").write_text("".join(lines))
     faults = []
     for cell in done:
         hit = cell.get("hit")
