@@ -161,12 +161,13 @@ def init(backend: str | None = None, **kwargs) -> None:
     # as the job first starts (or as it joins) then falls silent to its worker,
     # which stops it at the stall timeout, and the others meet the next world
     # (runtime.init) instead of waiting for a rank nobody reports lost.
-    early = first and _meeting.enabled() and config.get(config.MONITOR_ADDR)
-    early = early and config.get_int(config.HOROVOD_RANK, -1) >= 0
+    elastic = first and _meeting.enabled() and config.get(config.MONITOR_ADDR)
+    launched_rank = config.get_int(config.HOROVOD_RANK, -1) if elastic else -1
+    early = launched_rank >= 0
     if early:
         from .launch.heartbeat import start_sender_from_env
 
-        start_sender_from_env(config.get_int(config.HOROVOD_RANK, 0), status=_progress.status)
+        start_sender_from_env(launched_rank, status=_progress.status)
     runtime.init(backend, **kwargs)
     if not first:
         return

@@ -120,12 +120,12 @@ def init(
     sets, dynamic = sets_.static_ranks(process_sets, launched or 1)
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
-    joining = _announce_joining()
+    _announce_joining()
     _phases.enter("init")
     try:
         _backend = create(name, [ps.ranks for ps in new], dynamic)
     except CollectiveError as exc:
-        if _rejoining or not (joining or _meeting.enabled()):
+        if _rejoining or not _meeting.enabled():
             raise
         # The first start of an elastic job, or a newcomer's, failed for a lost
         # peer: as the survivors of a regroup do, the rank meets the next world
@@ -181,20 +181,20 @@ def _refuse_horovod_elastic() -> None:
         )
 
 
-def _announce_joining() -> bool:
+def _announce_joining() -> None:
     """A rank that joins a running elastic job meets the others before starting Horovod.
 
     It says ready (its worker tells the scheduler, which only then tells the
     survivors to leave their world at the next commit boundary) and waits for
     the go that comes when every rank of the new world is ready
-    (:mod:`hvdkit._comm.meeting`). Returns whether it met them (once a process).
+    (:mod:`hvdkit._comm.meeting`); once a process, and only if it joins.
 
     Raises:
         ConfigurationError: no go within ``HVDKIT_SCHED_TIMEOUT``.
     """
     folder = config.get(config.ELASTIC_DIR)
     if not folder or not config.get(config.ELASTIC_JOIN):
-        return False
+        return
     timeout = config.sched_timeout(ConfigurationError)
     round_ = config.restart_count()
     try:
@@ -206,7 +206,6 @@ def _announce_joining() -> bool:
             "scheduler's log."
         ) from None
     os.environ.pop(config.ELASTIC_JOIN, None)  # joined once, at the start
-    return True
 
 
 def _refuse_lonely_job() -> None:
