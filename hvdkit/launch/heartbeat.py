@@ -197,6 +197,8 @@ def start_sender(
     "bye" datagram tells the launcher this rank finished, so that silence
     afterwards is not taken for a stall. An uncaught exception or
     ``sys.exit(n)`` with ``n != 0`` sends none: that rank failed.
+
+    The first beat is sent before this returns.
     """
     from ..errors import LaunchError
 
@@ -220,9 +222,14 @@ def start_sender(
 
     def loop():
         while True:
-            send()
             time.sleep(INTERVAL_S)
+            send()
 
+    # The first beat leaves before this returns: a rank that freezes right
+    # after (SIGSTOP as Horovod starts) is then known to its launcher, which
+    # watches only ranks it has heard from, and is found silent at the stall
+    # timeout. Sent from the beat thread, it could lose the race to the freeze.
+    send()
     atexit.register(_bye_if_clean_exit(send))
     thread = threading.Thread(target=loop, name="hvdkit-heartbeat", daemon=True)
     thread.start()

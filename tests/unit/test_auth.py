@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from unittest import mock
 
 import pytest
 from listener_targets import wait_for
@@ -421,6 +422,25 @@ def test_heartbeat_datagrams_never_contain_the_token():
     assert [b["r"] for b in bodies] == [3, 3]
     assert bodies[1]["s"] == bodies[0]["s"] + 1 and bodies[0]["n"] == bodies[1]["n"]
     assert set(bodies[0]) >= {"r", "p", "h", "n", "s", "t"}
+
+
+def test_the_first_heartbeat_is_sent_before_start_sender_returns():
+    """A rank frozen right after ``hvdkit.init`` started its heartbeat (SIGSTOP as
+    Horovod starts) must already be known to its launcher, which watches only ranks it
+    has heard from: the first datagram is queued at the receiver when the call returns,
+    not left to the beat thread (seen in CI: the freeze won that race, the rank was
+    never found silent and the job failed)."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    rid = auth.new_nonce()
+    with mock.patch.object(heartbeat.threading.Thread, "start") as no_thread:
+        heartbeat.start_sender("127.0.0.1", receiver.getsockname()[1], TOKEN, 5, receiver=rid)
+    assert no_thread.call_count == 1  # the beat thread would have started; it did not run
+    receiver.setblocking(False)
+    data, _ = receiver.recvfrom(65536)  # loopback UDP: queued by sendto itself
+    receiver.close()
+    body = auth.unseal(auth.derive_key(TOKEN, auth.HEARTBEAT), data, rid)
+    assert (body["r"], body["s"]) == (5, 0)
 
 
 def test_heartbeat_status_fields_are_carried():
