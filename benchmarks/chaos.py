@@ -1,6 +1,7 @@
 """Chaos: faults aimed at each phase of an elastic job, and how each one ended.
 
     python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--cells 11] [--keep DIR]
+    python benchmarks/chaos.py --phase init [--seeds 3]  # every fault at one phase
     python benchmarks/chaos.py --netns [--seeds 5]      # faults at random steps, network cuts too
 
 Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
@@ -188,27 +189,33 @@ def one_job(seed: int, port: int, keep: Path | None, hosts: Hosts) -> dict:
 # ---------------------------------------------------------------- faults aimed at phases
 PHASE_KINDS = ("kill", "stop", "lost")
 TRAINING = ("step", "save", "exchange")  # phases of training: the first cell's
-LAST = ("init", "rollback")  # (tests/test_phases_mp.py ENGINE_BUGS)
+LAST = ("init", "rollback")  # last, as in tests/test_phases_mp.py CELLS
 CELL_LIMIT_S = 240.0  # a cell whose job says nothing awaited this long: a failure
 
 
-def cells_for(seed: int, count: int) -> list[tuple[str, str]]:
+def cells_for(seed: int, count: int, only: str | None = None) -> list[tuple[str, str]]:
     """``count`` (phase, kind) pairs from ``seed``: a training phase first, no phase twice.
 
     The phases whose faults restart the whole job today (``LAST``) come last,
     so that such a restart, which ends the seed's job, hides no other phase.
+    With ``only``, every fault after the first is aimed at that phase (each
+    at the regrouping in which the last fault's newcomer joins, for a phase of
+    a regrouping).
     """
     rng = np.random.default_rng(seed)
     phases = [p for p in PHASES if p != "end"]
     first = str(rng.choice(TRAINING))
+    if only is not None:
+        order = [first, *[only] * (max(1, count) - 1)]
+        return [(str(phase), str(rng.choice(PHASE_KINDS))) for phase in order]
     middle = [p for p in phases if p != first and p not in LAST]
     order = [first, *rng.permutation(middle), *rng.permutation(LAST)][: max(1, count)]
     return [(str(phase), str(rng.choice(PHASE_KINDS))) for phase in order]
 
 
-def phase_job(seed: int, cells: int, keep: Path | None) -> dict:
+def phase_job(seed: int, cells: int, keep: Path | None, only: str | None = None) -> dict:
     """One job, the seed's faults one after another; each fault's outcome and time."""
-    plan = cells_for(seed, cells)
+    plan = cells_for(seed, cells, only)
     with seed_folder(keep, seed) as tmp:
         started = time.time()
         chain = Chain(Path(tmp) / "job", limit_s=CELL_LIMIT_S)
@@ -238,8 +245,10 @@ def phase_job(seed: int, cells: int, keep: Path | None) -> dict:
             if '"ids"' in line
         ]
         if keep is not None:  # every process's output: the workers' hold their ranks' lines
-            for name, lines in list(chain.job.lines.items()):
-                (Path(tmp) / f"{name}.log").write_text("".join(lines))
+            for name, lines in list(chain.job.lines.items()):  # each line with its time
+                stamped = zip(chain.job.times[name], lines, strict=False)
+                text = "".join(f"{t:.3f} {line}" for t, line in stamped)
+                (Path(tmp) / f"{name}.log").write_text(text)
     faults = []
     for cell in done:
         hit = cell.get("hit")
@@ -284,7 +293,7 @@ def phases_main(args) -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs: list[dict] = []
     for seed in seeds:  # the results are written after every seed: a stopped run keeps them
-        jobs.append(phase_job(seed, args.cells, args.keep))
+        jobs.append(phase_job(seed, args.cells, args.keep, args.phase))
         j = jobs[-1]
         said = ", ".join(
             f"{f['how']}@{f['phase']}: {f['outcome']}"
@@ -292,19 +301,19 @@ def phases_main(args) -> None:
             for f in j["faults"]
         )
         print(f"seed {seed}: exit {j['exit']}, {j['job_s']:.0f} s; {said}", flush=True)
-        out = write_phase_results(jobs, load_start, ticks)
+        out = write_phase_results(jobs, load_start, ticks, args.phase)
     print_phase_summary(phase_summary(jobs))
     print(f"wrote {out}")
 
 
-def write_phase_results(jobs: list[dict], load_start, ticks) -> Path:
+def write_phase_results(jobs: list[dict], load_start, ticks, only: str | None = None) -> Path:
     load = {
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "steal": steal_share(ticks, cpu_ticks()),
     }
     return write_results(
-        "chaos",
+        "chaos" if only is None else f"chaos_{only}",
         {
             "what": "per fault aimed at a phase: how the job came through, and the seconds "
             "from the fault to the first step of its next world",
@@ -338,6 +347,11 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=100)
     p.add_argument("--cells", type=int, default=11, help="faults per seed (phase mode)")
+    p.add_argument(
+        "--phase",
+        choices=[p for p in PHASES if p != "end"],
+        help="aim every fault but the first at this phase (writes chaos_PHASE.json)",
+    )
     p.add_argument("--port", type=int, default=29680)
     p.add_argument("--keep", type=Path, help="keep each job's logs in KEEP/seed-N (a new folder)")
     p.add_argument(

@@ -77,7 +77,10 @@ TOOLS = (
 # file opens with what it fixes and why). The installed Horovod names them in
 # horovod/hvdkit_patches.py, so that an unpatched build counts as not installed.
 PATCHES_DIR = Path(__file__).resolve().parent / "patches"
-PATCHES = ("horovod-0.28.1-init-failure-raises.patch",)
+PATCHES = (
+    "horovod-0.28.1-init-failure-raises.patch",
+    "horovod-0.28.1-gloo-all-here-before-connect.patch",
+)
 PATCH_MARKER = "hvdkit_patches.py"  # written into horovod/ before the build
 
 # The TensorFlow headers horovod/tensorflow/mpi_ops.cc and xla_mpi_ops.cc of Horovod

@@ -110,6 +110,13 @@ def replay(tmp_path_factory) -> tuple[np.ndarray, dict]:
     return weights, dict(ids)
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[np.ndarray]:
+    """The final weights of a fault-free job of 2 ranks (each rank's)."""
+    (ref,) = replay_worlds(tmp_path_factory.mktemp("two-ranks"), [(0, 2)], SAMPLES, EPOCHS)
+    return final_weights(ref)
+
+
 def check_one_more_regroup(result: dict, out: Path, hit: dict, replay) -> None:
     """Rank 0 finished alone in its first process, as the replay of WORLDS did."""
     report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
@@ -172,14 +179,19 @@ def test_a_rank_frozen_as_horovod_starts_costs_one_more_regroup(tmp_path, replay
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
-def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(tmp_path, how):
+def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
+    tmp_path, how, two_ranks
+):
     """Round 0, the job's first start: rank 1 dies (or freezes, and its worker stops it
     at the stall timeout: its heartbeat began before Horovod's start) as Horovod starts,
     before any round trained. The two others, still inside their script's
     ``hvdkit.init()``, meet round 1 in their processes and train the whole job on 2
     ranks (no return: the faulty rank's worker has no budget for one). One "go on
     in-process", no whole-job restart; exit 0, every sample of every epoch once, and
-    final weights equal to a fault-free job of 2 ranks."""
+    final weights equal to a fault-free job of 2 ranks. Both others' starts fail in the
+    wait for every rank before any Gloo pair connects (hvdkit's Horovod patch
+    ``gloo-all-here-before-connect``), not in a pair's connect, whose wait is five times
+    as long."""
     root = tmp_path / "job"
     hook = root / "hook"
     hook.mkdir(parents=True)
@@ -205,14 +217,20 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(tmp_p
     assert not re.search(r"scheduler: restart \d+/", sched), report
     everyone = "".join(ln for n in job.lines for ln in job.lines[n])
     assert everyone.count("Horovod could not start in round 0") == 2, everyone[-3000:]
+    all_here = "for key(s): hvdkit_here_0 hvdkit_here_1 hvdkit_here_2"
+    # (a killed rank's round ends before that wait's 5 s: its rendezvous server is
+    # gone, which ends the wait too)
+    gone = "Horovod could not be initialized: HTTP request failed"
+    failed = [ln for ln in everyone.splitlines() if "could not be initialized" in ln]
+    assert len(failed) == 2, failed
+    assert all(all_here in ln or (how == "kill" and gone in ln) for ln in failed), failed
     # Two programs trained, from round 1 (no return was allowed: a survivor whose
     # program had died would have ended the job non-zero).
     files = sorted(p.name for p in out.glob("ids-*"))
     assert files == ["ids-a1-r0.jsonl", "ids-a1-r1.jsonl"], files
     firsts = [records(out / name)[0] for name in files]
     assert firsts == [{"resumed_from": 0, "size": 2}] * 2, (files, firsts)
-    (ref,) = replay_worlds(tmp_path / "replay", [(0, 2)], SAMPLES, EPOCHS)
-    job_w, ref_w = final_weights(out), final_weights(ref)
+    job_w, ref_w = final_weights(out), two_ranks
     assert len(job_w) == len(ref_w) == 2, (len(job_w), len(ref_w))
     for w in job_w + ref_w[1:]:
         np.testing.assert_array_equal(w, ref_w[0])

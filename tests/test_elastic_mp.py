@@ -48,6 +48,7 @@ class Job:
         self.procs: dict[str, subprocess.Popen] = {}
         self.readers: list[threading.Thread] = []
         self.lines: dict[str, list[str]] = {}
+        self.times: dict[str, list[float]] = {}  # when each line came (time.time())
         self._new_line = threading.Condition()
 
     def start(self, name: str, cmd: list[str]) -> None:
@@ -59,7 +60,7 @@ class Job:
             env=self.env,
             cwd=self.root,
         )
-        self.procs[name], self.lines[name] = proc, []
+        self.procs[name], self.lines[name], self.times[name] = proc, [], []
         reader = threading.Thread(target=self._read, args=(name, proc), daemon=True)
         reader.start()
         self.readers.append(reader)
@@ -68,6 +69,7 @@ class Job:
         for line in proc.stdout:
             with self._new_line:
                 self.lines[name].append(line)
+                self.times[name].append(time.time())
                 self._new_line.notify_all()
 
     def wait_for(self, name: str, text: str) -> str:
