@@ -20,6 +20,7 @@ with it (:mod:`hvdkit.keras._registry`).
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 from .keras import _registry as _keras_registry
@@ -142,9 +143,12 @@ def init(backend: str | None = None, **kwargs) -> None:
         >>> hvdkit.rank(), hvdkit.size()   # (0, 1) without a launcher
         (0, 1)
     """
-    from . import config, runtime
+    from . import config
 
-    if not runtime.is_initialized():
+    started = sys.modules.get(f"{__name__}.runtime")  # (imported only if ever started)
+    if started is None or not started.is_initialized():
+        # Before TensorFlow is imported (runtime does): a launch that is set up
+        # wrongly fails in a fraction of a second.
         role = config.role()
         if role is not None:
             from .launch.inprocess import take_role
@@ -153,6 +157,7 @@ def init(backend: str | None = None, **kwargs) -> None:
         from .launch.slurm import join_srun_step
 
         join_srun_step()  # srun's tasks: over Gloo hvdkit starts Horovod's rendezvous
+    from . import runtime
     from ._comm import meeting as _meeting
     from ._comm import progress as _progress
 

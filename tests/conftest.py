@@ -132,6 +132,44 @@ def hvdkitrun(transport: str, *argv, options: tuple = (), np_: int = 2) -> list[
     ]
 
 
+def shared_folder(tmp_path_factory, name: str, make) -> Path:
+    """A folder that ``make(folder)`` fills once per test run, whichever pytest-xdist
+    worker asks first; the others wait for it (a lock file).
+
+    For a fault-free reference job that several test files compare with: one run
+    of the suite runs it once. A ``make`` that raises leaves nothing behind, so
+    the next test that asks runs it again (and fails the same way).
+    """
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    # under xdist each worker's base is popen-gw<N> in the run's own folder
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
+def uninterrupted_fit(tmp_path_factory, transport: str) -> Path:
+    """The output folder of ``hvdkitrun -np 2 ft_train.py --mode fit`` without faults
+    (attempt 0, no step sleep): the reference of test_restart_mp and test_preemption_mp."""
+
+    def make(out: Path) -> None:
+        cmd = hvdkitrun(transport, MULTIPROC / "ft_train.py", out, "--mode", "fit")
+        cmd += ["--attempt", "0", "--step-sleep", "0"]
+        code, output, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=out)
+        assert code == 0 and not timed_out, output[-4000:]
+
+    return shared_folder(tmp_path_factory, f"uninterrupted-fit-{transport}", make)
+
+
 def run_bounded(cmd: list[str], timeout: float, **kwargs) -> tuple[int, str, bool]:
     """Run ``cmd`` in its own session; on timeout stop that session (only our own processes).
 

@@ -1,7 +1,7 @@
 """Ranks alive but in different collectives end with an error naming what each waits in.
 
 Each case runs tests/multiproc/divergence_prog.py under hvdkitrun with a
-12 s stall timeout. No speed is asserted: the stuck report and exit status
+9 s stall timeout. No speed is asserted: the stuck report and exit status
 124 say that hvdkitrun ended the job; each rank's watch, started at the
 divergence, prints ``WATCH EXPIRED`` only after ten stall timeouts, so that
 a job hvdkitrun failed to end is a failure here rather than a hang.
@@ -24,7 +24,7 @@ from conftest import (
 )
 
 PROG = str(MULTIPROC / "divergence_prog.py")
-STALL_S = 12
+STALL_S = 9
 WATCH_S = 10 * STALL_S  # a hang guard, far beyond any load
 EXIT_STALLED = 124  # hvdkitrun's status for a stalled or stuck job
 
@@ -92,7 +92,7 @@ def test_long_rank0_only_section(tmp_path, transport):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_short_rank0_only_section_completes(tmp_path, transport):
-    code, out = run_diverging(tmp_path, transport, "rank0_section", "--sleep", "5")
+    code, out = run_diverging(tmp_path, transport, "rank0_section", "--sleep", "3")
     assert code == 0, out[-3000:]
     assert "rank-0-only section done" in out
     assert "[rank 0] finished 8 steps" in out and "[rank 1] finished 8 steps" in out

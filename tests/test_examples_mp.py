@@ -100,7 +100,7 @@ def test_fault_tolerant_example_killed_from_outside_ends_with_the_same_weights(t
 
     ckpt = tmp_path / "job"
     options = ("--max-restarts", "1", "--checkpoint-dir", ckpt)
-    cmd = hvdkitrun(transport, FT_EXAMPLE, ckpt, "--step-sleep", "0.2", options=options)
+    cmd = hvdkitrun(transport, FT_EXAMPLE, ckpt, "--step-sleep", "0.1", options=options)
     proc = start_in_session(cmd, env=launcher_env(sklearn=True))
     killed = None
     try:

@@ -31,7 +31,7 @@ import pytest
 from test_launch_mp import PY, SCHEDULER_SH, WORKERS_SH, free_port, sched_env
 from test_restart_mp import ft_trained_ids
 
-from conftest import MULTIPROC, VENV_BIN, launcher_env
+from conftest import MULTIPROC, VENV_BIN, launcher_env, uninterrupted_fit
 
 FT_TRAIN = str(MULTIPROC / "ft_train.py")
 HVDKITRUN = str(VENV_BIN / "hvdkitrun")
@@ -129,20 +129,10 @@ def check_resumed(out: Path, ref_out: Path, step: int) -> None:
     assert ft_trained_ids(out, 1) == ft_trained_ids(ref_out, 0)
 
 
-_REFERENCES: dict[str, Path] = {}
-
-
 def reference(tmp_path_factory, transport: str) -> Path:
-    """The uninterrupted run's output folder (once per transport)."""
-    if transport not in _REFERENCES:
-        out = tmp_path_factory.mktemp(f"reference-{transport}")
-        cmd = [HVDKITRUN, "-np", "2", f"--{transport}", *train_args(out, 0, "--step-sleep", "0")]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=launcher_env(), cwd=out, timeout=HANG
-        )
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        _REFERENCES[transport] = out
-    return _REFERENCES[transport]
+    """The uninterrupted run's output folder (once per transport; shared with
+    test_restart_mp)."""
+    return uninterrupted_fit(tmp_path_factory, transport)
 
 
 def hvdkitrun(transport: str, out: Path, attempt: int, *extra: str) -> list[str]:

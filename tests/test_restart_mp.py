@@ -30,7 +30,7 @@ from test_launch_mp import (  # noqa: F401  (two_hosts is a fixture)
     two_hosts,
 )
 
-from conftest import MULTIPROC, VENV_BIN, launcher_env, needs_netns
+from conftest import MULTIPROC, VENV_BIN, launcher_env, needs_netns, uninterrupted_fit
 
 TRAIN = str(MULTIPROC / "restart_train.py")
 HVDKITRUN = str(VENV_BIN / "hvdkitrun")
@@ -114,7 +114,7 @@ def test_a_kill_a_stall_and_an_early_exit_0_are_each_restarted_and_resumed_exact
         transport,
         *[arg for f in faults for arg in ("--fault", f)],
         restarts=3,
-        env_extra={"HVDKIT_STALL_TIMEOUT": "20"},
+        env_extra={"HVDKIT_STALL_TIMEOUT": "10"},
     )
     assert proc.returncode == 0, proc.output[-4000:]
     lines = restart_lines(proc.stderr)
@@ -331,9 +331,10 @@ def ft_trained_ids(out: Path, last_attempt: int) -> dict[int, collections.Counte
 
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
-def test_checkpointer_job_killed_mid_epoch_equals_uninterrupted(tmp_path, transport):
-    ref, ref_out = ft_job(tmp_path, "uninterrupted", transport)
-    assert ref.returncode == 0, ref.output[-4000:]
+def test_checkpointer_job_killed_mid_epoch_equals_uninterrupted(
+    tmp_path, tmp_path_factory, transport
+):
+    ref_out = uninterrupted_fit(tmp_path_factory, transport)  # (shared with test_preemption_mp)
     proc, out = ft_job(tmp_path, "killed", transport, "--crash-at", "17", restarts=2)
     assert proc.returncode == 0, proc.output[-4000:]
     lines = restart_lines(proc.stderr)

@@ -40,7 +40,10 @@ OUTSIDER = str(MULTIPROC / "outsider.py")
 CAPTURE = str(MULTIPROC / "capture.py")
 TOKEN = "sec-test-token-5f2b9c7e1d3a4b6c"
 A_IP, B_IP, C_IP = "10.213.9.1", "10.213.9.2", "10.213.9.3"
+# 200 steps of at least 0.1 s: the attacks land while the job trains (the
+# undisturbed reference, same weights, trains without the sleep)
 TRAIN_ARGS = ["--steps", "200", "--step-sleep", "0.1"]
+QUICK = ["--steps", "200", "--step-sleep", "0"]
 
 pytestmark = needs_netns("the outsider's attacks from another host (namespaces)")
 
@@ -198,16 +201,16 @@ def scheduler_port_free() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp, a, b, port, *, attacks=None):
+def run_job(tmp, a, b, port, *, attacks=None, train_args=TRAIN_ARGS):
     """Scheduler + worker in A, worker in B; ``attacks(sched, workers)`` runs meanwhile."""
     env = sched_env(port, TOKEN, HVDKIT_SCHED_HOST=A_IP, HVDKIT_SCHED_TIMEOUT=120)
     sched = Proc([SCHEDULER_SH], a, env, tmp)
     workers = []
     try:
         sched.wait_for("scheduler listening on", 60)
-        workers.append(Proc([WORKERS_SH, "1", PY, TRAIN, str(tmp), *TRAIN_ARGS], b, env, tmp))
+        workers.append(Proc([WORKERS_SH, "1", PY, TRAIN, str(tmp), *train_args], b, env, tmp))
         if attacks is None:
-            workers.append(Proc([WORKERS_SH, "1", PY, TRAIN, str(tmp), *TRAIN_ARGS], a, env, tmp))
+            workers.append(Proc([WORKERS_SH, "1", PY, TRAIN, str(tmp), *train_args], a, env, tmp))
         else:
             attacks(sched, workers, env)
         codes = [p.finish() for p in (sched, *workers)]
@@ -222,7 +225,7 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
     # An undisturbed run first: the reference weights.
     ref_dir = tmp_path / "reference"
     ref_dir.mkdir()
-    codes, sched, _ = run_job(ref_dir, a, b, scheduler_port_free())
+    codes, sched, _ = run_job(ref_dir, a, b, scheduler_port_free(), train_args=QUICK)
     assert codes == [0, 0, 0], sched.text[-3000:]
     reference = weights(ref_dir)
 
