@@ -298,26 +298,29 @@ def needs_netns(what: str):
 
 
 # ------------------------------------------------------------ where the suite's time goes
-# The longest test files, longest first (their seconds in a 3-worker run of
-# 2026-11-27, performance-record.md). scripts/test.sh hands files to its pytest
+# The longest test files, longest first (their seconds of test time in a
+# 3-worker run of db2565f, performance-record.md). scripts/test.sh hands files to its pytest
 # workers in collection order (--no-loadscope-reorder: xdist's default order,
 # by number of tests, put these files, which have few tests, last, and the run
 # ended with test_phases_mp.py's 10 minutes alone), so they start first and
 # their waits (stall timeouts, restarts) overlap the other files' work. A file
 # not listed keeps its place after them; the list only orders, it skips nothing.
 SLOW_FILES_FIRST = (
-    "test_phases_mp.py",  # 584 s
-    "test_launch_mp.py",  # 433 s
-    "test_restart_mp.py",  # 382 s
-    "test_checkpoint_mp.py",  # 374 s
-    "test_divergence_mp.py",  # 346 s
-    "test_keras_workflows_mp.py",  # 336 s
-    "test_overlap_mp.py",  # 235 s
-    "test_training_mp.py",  # 232 s
-    "test_slurm.py",  # 225 s
-    "test_examples_mp.py",  # 219 s
-    "test_preemption_mp.py",  # 185 s
-    "test_sink_mp.py",  # 171 s
+    "test_launch_mp.py",  # 384 s
+    "test_restart_mp.py",  # 383 s
+    "test_checkpoint_mp.py",  # 376 s
+    "test_divergence_mp.py",  # 328 s
+    "test_phases_mp.py",  # 272 s, one test
+    "test_examples_mp.py",  # 221 s
+    "test_slurm.py",  # 189 s
+    "test_keras_workflows_mp.py",  # 184 s
+    "test_sink_mp.py",  # 167 s
+    "test_preemption_mp.py",  # 145 s
+    "test_ports_mp.py",  # 145 s
+    "test_overlap_mp.py",  # 137 s
+    "test_training_mp.py",  # 124 s
+    "test_elastic_faults_mp.py",  # 120 s
+    "test_chaos_three_faults_mp.py",  # 112 s
 )
 
 

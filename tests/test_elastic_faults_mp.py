@@ -178,15 +178,16 @@ def test_a_rank_frozen_as_horovod_starts_costs_one_more_regroup(tmp_path, replay
     )
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("how", ["kill", "stop", "lost"])
 def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
     tmp_path, how, two_ranks
 ):
     """Round 0, the job's first start: rank 1 dies (or freezes, and its worker stops it
-    at the stall timeout: its heartbeat began before Horovod's start) as Horovod starts,
-    before any round trained. The two others, still inside their script's
-    ``hvdkit.init()``, meet round 1 in their processes and train the whole job on 2
-    ranks (no return: the faulty rank's worker has no budget for one). One "go on
+    at the stall timeout: its heartbeat began before Horovod's start; or its worker is
+    killed, and the rank with it) as Horovod starts, before any round trained. The two
+    others, still inside their script's ``hvdkit.init()``, meet round 1 in their
+    processes and train the whole job on 2 ranks (no return: the faulty rank's worker
+    has no budget for one). One "go on
     in-process", no whole-job restart; exit 0, every sample of every epoch once, and
     final weights equal to a fault-free job of 2 ranks. Both others' starts fail in the
     wait for every rank before any Gloo pair connects (hvdkit's Horovod patch
@@ -195,7 +196,8 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
     root = tmp_path / "job"
     hook = root / "hook"
     hook.mkdir(parents=True)
-    (hook / "trap").write_text(json.dumps({"phase": "init", "action": how, "rank": 1}))
+    action = "pause" if how == "lost" else how
+    (hook / "trap").write_text(json.dumps({"phase": "init", "action": action, "rank": 1}))
     job, out = start_job(
         root,
         "--mask-padding",
@@ -207,6 +209,9 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
         HVDKIT_STALL_TIMEOUT="8",  # the frozen rank's worker kills it then
     )
     hit = wait_for_hit(job, hook)
+    if how == "lost":  # the paused rank dies with its worker
+        os.kill(hit["worker"], signal.SIGKILL)
+        (hook / f"release.{hit['pid']}").touch()
     result = job.finish()
     report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
     sched = result["scheduler"][1]
@@ -218,12 +223,12 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
     everyone = "".join(ln for n in job.lines for ln in job.lines[n])
     assert everyone.count("Horovod could not start in round 0") == 2, everyone[-3000:]
     all_here = "for key(s): hvdkit_here_0 hvdkit_here_1 hvdkit_here_2"
-    # (a killed rank's round ends before that wait's 5 s: its rendezvous server is
-    # gone, which ends the wait too)
+    # (a killed rank's or worker's round ends before that wait's 5 s: its rendezvous
+    # server is gone, which ends the wait too)
     gone = "Horovod could not be initialized: HTTP request failed"
     failed = [ln for ln in everyone.splitlines() if "could not be initialized" in ln]
     assert len(failed) == 2, failed
-    assert all(all_here in ln or (how == "kill" and gone in ln) for ln in failed), failed
+    assert all(all_here in ln or (how != "stop" and gone in ln) for ln in failed), failed
     # Two programs trained, from round 1 (no return was allowed: a survivor whose
     # program had died would have ended the job non-zero).
     files = sorted(p.name for p in out.glob("ids-*"))

@@ -181,7 +181,7 @@ def test_worker_arriving_during_a_held_flood_registers_after_it(tmp_path):
     log = sched.text
     assert codes == [0, 0, 0], log[-3000:] + late.text[-3000:]
     assert "worker 2/2 registered" in log
-    ran = [ln.split("] ")[-1] for p in (procs[1], late) for ln in p.lines if " ran" in ln]
+    ran = [ln.split("] ")[-1] for p in (procs[1], late) for ln in p.lines if ln.endswith(" ran")]
     assert sorted(ran) == ["rank 0 ran", "rank 1 ran"], log[-3000:]
     assert "refused a worker from 127.0.0.1:" in log and ": busy: " in log, log[-3000:]
     assert "Use the job token" not in late.text and "refused this worker" not in late.text

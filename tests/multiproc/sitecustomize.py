@@ -16,7 +16,7 @@ if os.environ.get("HVDKIT_TEST_SKLEARN") != "1":
     sys.modules.setdefault("sklearn", None)  # "import sklearn" raises ImportError
 
 # HVDKIT_TEST_CPU_LOG=<file>: each process appends one JSON line at exit (its CPU
-# seconds, wall seconds, command line and the test that launched it), to see
+# seconds, pid, wall seconds, command line and the test that launched it), to see
 # where the suite's CPU goes. Processes killed by a signal write nothing.
 if os.environ.get("HVDKIT_TEST_CPU_LOG"):
     import atexit
@@ -31,6 +31,7 @@ if os.environ.get("HVDKIT_TEST_CPU_LOG"):
         use = resource.getrusage(resource.RUSAGE_SELF)
         line = {
             "cpu": round(use.ru_utime + use.ru_stime, 2),
+            "pid": os.getpid(),
             "wall": round(time.monotonic() - _started, 2),
             "argv": sys.argv[:4],
             "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
