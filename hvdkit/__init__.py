@@ -145,7 +145,7 @@ def init(backend: str | None = None, **kwargs) -> None:
     """
     from . import config
 
-    started = sys.modules.get(f"{__name__}.runtime")  # (imported only if ever started)
+    started = sys.modules.get(f"{__name__}.runtime")  # None: not imported, so not started
     if started is None or not started.is_initialized():
         # Before TensorFlow is imported (runtime does): a launch that is set up
         # wrongly fails in a fraction of a second.
