@@ -1,7 +1,7 @@
 """Chaos: faults aimed at each phase of an elastic job, and how each one ended.
 
     python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--cells 11] [--keep DIR]
-    python benchmarks/chaos.py --phase init [--seeds 3]  # every fault at one phase
+    python benchmarks/chaos.py --phase init [--seeds 3]  # every fault but the first at one phase
     python benchmarks/chaos.py --netns [--seeds 5]      # faults at random steps, network cuts too
 
 Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
@@ -196,8 +196,8 @@ CELL_LIMIT_S = 240.0  # a cell whose job says nothing awaited this long: a failu
 def cells_for(seed: int, count: int, only: str | None = None) -> list[tuple[str, str]]:
     """``count`` (phase, kind) pairs from ``seed``: a training phase first, no phase twice.
 
-    The phases whose faults restart the whole job today (``LAST``) come last,
-    so that such a restart, which ends the seed's job, hides no other phase.
+    The phases whose faults once restarted the whole job (``LAST``) come last,
+    so that such a restart, which would end the seed's job, hides no other phase.
     With ``only``, every fault after the first is aimed at that phase (each
     at the regrouping in which the last fault's newcomer joins, for a phase of
     a regrouping).

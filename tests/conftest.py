@@ -137,8 +137,9 @@ def shared_folder(tmp_path_factory, name: str, make) -> Path:
     worker asks first; the others wait for it (a lock file).
 
     For a fault-free reference job that several test files compare with: one run
-    of the suite runs it once. A ``make`` that raises leaves nothing behind, so
-    the next test that asks runs it again (and fails the same way).
+    of the suite runs it once. A ``make`` that raises leaves no mark of being
+    done, so the next test that asks runs it again in an emptied folder (and
+    fails the same way).
     """
     import fcntl
 
@@ -159,7 +160,8 @@ def shared_folder(tmp_path_factory, name: str, make) -> Path:
 
 def uninterrupted_fit(tmp_path_factory, transport: str) -> Path:
     """The output folder of ``hvdkitrun -np 2 ft_train.py --mode fit`` without faults
-    (attempt 0, no step sleep): the reference of test_restart_mp and test_preemption_mp."""
+    (attempt 0, no step sleep): the reference of test_restart_mp, test_preemption_mp
+    and test_checkpoint_mp."""
 
     def make(out: Path) -> None:
         cmd = hvdkitrun(transport, MULTIPROC / "ft_train.py", out, "--mode", "fit")

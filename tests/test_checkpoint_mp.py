@@ -1,14 +1,14 @@
 """hvdkit.Checkpointer on 2 ranks (Gloo and MPI): API checks, and crash-and-resume jobs.
 
 The jobs run ``tests/multiproc/ft_train.py`` (the pattern users write): an
-uninterrupted reference, then the same job killed at a chosen point and
-launched again. The resumed job must end with the reference's weights
-(bit-identical here: same arithmetic in the same order, rtol 1e-6 allowed)
-and must have trained, per epoch, the reference's multiset of sample ids,
-counted from what the training step itself recorded. Steps that a crashed
-attempt ran after its last checkpoint are rolled back by the resume, so they
-are not counted: the *effective* history of attempt ``a`` ends at the step
-attempt ``a + 1`` resumed from.
+uninterrupted reference (under hvdkitrun, shared with other files), then the
+same training under horovodrun killed at a chosen point and launched again.
+The resumed job must end with the reference's weights (rtol 1e-6: the same
+arithmetic, the same two-rank sums) and must have trained, per epoch, the
+reference's multiset of sample ids, counted from what the training step
+itself recorded. Steps that a crashed attempt ran after its last checkpoint
+are rolled back by the resume, so they are not counted: the *effective*
+history of attempt ``a`` ends at the step attempt ``a + 1`` resumed from.
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ def jobs(transport, tmp_path_factory) -> Scenarios:
 def reference(jobs: Scenarios) -> Job:
     """The same training without faults: one run per test run, under hvdkitrun
     (conftest.uninterrupted_fit, shared with test_restart_mp and test_preemption_mp)."""
+    shared = uninterrupted_fit(jobs.tmp_path_factory, jobs.transport)  # fails: no folder
     job = Job(jobs.root, "reference", jobs.transport)
     if not job.out.exists():
-        job.dir.mkdir()
-        job.out.symlink_to(uninterrupted_fit(jobs.tmp_path_factory, jobs.transport))
+        job.dir.mkdir(exist_ok=True)
+        job.out.symlink_to(shared)
     return job
 
 

@@ -334,7 +334,7 @@ def ft_trained_ids(out: Path, last_attempt: int) -> dict[int, collections.Counte
 def test_checkpointer_job_killed_mid_epoch_equals_uninterrupted(
     tmp_path, tmp_path_factory, transport
 ):
-    ref_out = uninterrupted_fit(tmp_path_factory, transport)  # (shared with test_preemption_mp)
+    ref_out = uninterrupted_fit(tmp_path_factory, transport)  # (shared with two other files)
     proc, out = ft_job(tmp_path, "killed", transport, "--crash-at", "17", restarts=2)
     assert proc.returncode == 0, proc.output[-4000:]
     lines = restart_lines(proc.stderr)
