@@ -82,18 +82,21 @@ def wait_for_hit(job, hook: Path) -> dict:
     return json.loads((hook / "hit").read_text())
 
 
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent pid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def gone_or_zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended (or is a zombie waiting to be reaped)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat_fields(pid)[0] == "Z"
     except OSError:
         return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    return int(stat_fields(pid)[1])
 
 
 @pytest.fixture(scope="module")

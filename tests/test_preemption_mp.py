@@ -129,12 +129,6 @@ def check_resumed(out: Path, ref_out: Path, step: int) -> None:
     assert ft_trained_ids(out, 1) == ft_trained_ids(ref_out, 0)
 
 
-def reference(tmp_path_factory, transport: str) -> Path:
-    """The uninterrupted run's output folder (once per transport; shared with
-    test_restart_mp)."""
-    return uninterrupted_fit(tmp_path_factory, transport)
-
-
 def hvdkitrun(transport: str, out: Path, attempt: int, *extra: str) -> list[str]:
     return [HVDKITRUN, "-np", "2", f"--{transport}", *train_args(out, attempt, *extra)]
 
@@ -145,7 +139,7 @@ def hvdkitrun(transport: str, out: Path, attempt: int, *extra: str) -> list[str]
 def test_sigterm_stops_hvdkitrun_at_a_common_step_and_the_rerun_loses_nothing(
     tmp_path, tmp_path_factory, transport, target
 ):
-    ref = reference(tmp_path_factory, transport)
+    ref = uninterrupted_fit(tmp_path_factory, transport)
     out = tmp_path / "job"
     out.mkdir()
     job = Job(tmp_path)
@@ -187,7 +181,7 @@ def scheduler_job(tmp_path: Path, out: Path, attempt: int, port: int, *extra: st
 def test_sigterm_to_the_scheduler_or_a_worker_preempts_the_job_and_the_rerun_loses_nothing(
     tmp_path, tmp_path_factory, target
 ):
-    ref = reference(tmp_path_factory, "gloo")  # the scheduler's ranks run over Gloo
+    ref = uninterrupted_fit(tmp_path_factory, "gloo")  # the scheduler's ranks run over Gloo
     out = tmp_path / "job"
     out.mkdir()
     port = free_port()
