@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -350,3 +351,39 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"slowest files ({total:.0f} s of test time in all)")
     for path, seconds in slowest:
         terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+
+
+# HVDKIT_TEST_CGROUP_LOG=<file> (root, cgroup v1's cpuacct): each pytest worker
+# moves itself into a cgroup of its own, and every test's CPU, with that of every
+# process it started (killed ones and their children too), is appended as a JSON
+# line. Processes started by daemons (sshd, slurmd) are not counted.
+_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def _cgroup_usage() -> int | None:
+    group = os.environ.get("_HVDKIT_TEST_CGROUP")
+    return int((Path(group) / "cpuacct.usage").read_text()) if group else None
+
+
+def pytest_configure(config):
+    if not os.environ.get("HVDKIT_TEST_CGROUP_LOG") or not _CPUACCT.is_dir():
+        return
+    for old in _CPUACCT.glob("hvdkit-test-*"):  # left by an earlier run's workers
+        with contextlib.suppress(OSError):
+            old.rmdir()  # refused while a process is in it
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # xdist's controller: its workers measure
+    group = _CPUACCT / f"hvdkit-test-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    os.environ["_HVDKIT_TEST_CGROUP"] = str(group)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _cgroup_usage()
+    yield
+    if before is not None:
+        with open(os.environ["HVDKIT_TEST_CGROUP_LOG"], "a") as f:
+            cpu = (_cgroup_usage() - before) / 1e9
+            f.write(json.dumps({"test": item.nodeid, "cpu": round(cpu, 2)}) + "\n")
