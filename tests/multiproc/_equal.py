@@ -37,6 +37,22 @@ def assert_same_on_all_ranks(ws, label: str) -> None:
         )
 
 
+def computed_once_across_ranks(tasks: dict) -> dict:
+    """``{name: task()}`` on every rank, each task run on one rank only (the i-th on rank i % size).
+
+    For single-process references, which every rank would otherwise compute alike:
+    the ranks share the work and exchange the results (one ``allgather_object``).
+
+        refs = computed_once_across_ranks({"sgd": lambda: fit_alone(sgd)})
+    """
+    n, r = hvd.size(), hvd.rank()
+    mine = {name: task() for i, (name, task) in enumerate(tasks.items()) if i % n == r}
+    merged = {}
+    for part in hvd.allgather_object(mine):
+        merged.update(part)
+    return {name: merged[name] for name in tasks}
+
+
 # A small classification problem: 64 rows of 8 features, 3 classes, a 2-layer model.
 def small_problem():
     """``(X, Y, loss, make_model)``: the same data and initial weights on every call."""

@@ -18,7 +18,13 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
-from _equal import assert_close, assert_same_on_all_ranks, my_rows, weights
+from _equal import (
+    assert_close,
+    assert_same_on_all_ranks,
+    computed_once_across_ranks,
+    my_rows,
+    weights,
+)
 
 import hvdkit as hvd
 from hvdkit._comm import progress as _progress
@@ -501,32 +507,50 @@ FEATURES = {
     ),
     "weight_decay": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.5),
 }
-BASELINES = {  # the same optimizer without the feature (loss_scale_factor must change nothing)
-    "clipnorm": lambda: keras.optimizers.SGD(0.5),
-    "global_clipnorm": lambda: keras.optimizers.SGD(0.5),
-    "clipvalue": lambda: keras.optimizers.SGD(0.5),
-    "gradient_accumulation_steps": lambda: keras.optimizers.Adam(0.01),
-    "use_ema": lambda: keras.optimizers.Adam(0.01),
-    "learning_rate_schedule": lambda: keras.optimizers.SGD(0.5),
-    "weight_decay": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.0),
+# The same optimizer without the feature (loss_scale_factor must change nothing): the
+# features of one row share that optimizer as their baseline.
+BASELINES = {
+    ("clipnorm", "global_clipnorm", "clipvalue", "learning_rate_schedule"): lambda: (
+        keras.optimizers.SGD(0.5)
+    ),
+    ("gradient_accumulation_steps", "use_ema"): lambda: keras.optimizers.Adam(0.01),
+    ("weight_decay",): lambda: keras.optimizers.AdamW(0.01, weight_decay=0.0),
 }
-with c.check("optimizer_features_through_the_wrapper"):
-    for feature, make_opt in FEATURES.items():
+BASELINE_OF = {feature: features for features in BASELINES for feature in features}
+
+
+def fit_alone(make_opt):
+    """One process's weights after 3 epochs on the global batches."""
+
+    def fit():
         ref = compiled(make_opt(), dist=False)
         ref.fit(X, Y, epochs=3, **REF_FIT)
+        return weights(ref)
+
+    return fit
+
+
+with c.check("optimizer_features_through_the_wrapper"):
+    # the single-process fits (a reference per feature, a baseline per optimizer), shared
+    # out between the ranks
+    alone = computed_once_across_ranks(
+        {
+            **{f: fit_alone(m) for f, m in FEATURES.items()},
+            **{b: fit_alone(m) for b, m in BASELINES.items()},
+        }
+    )
+    for feature, make_opt in FEATURES.items():
+        ref = alone[feature]
         model = compiled(make_opt())
         model.fit(Xr, Yr, epochs=3, **FIT)
         try:
-            assert_close(weights(model), weights(ref))
+            assert_close(weights(model), ref)
         except AssertionError as e:
             raise AssertionError(f"{feature}: {e}") from None
         assert_same_on_all_ranks(weights(model), feature)
-        if feature in BASELINES:  # the feature acted: without it training ends elsewhere
-            plain = compiled(BASELINES[feature](), dist=False)
-            plain.fit(X, Y, epochs=3, **REF_FIT)
-            moved = max(
-                np.abs(a - b).max() for a, b in zip(weights(plain), weights(ref), strict=True)
-            )
+        if feature in BASELINE_OF:  # the feature acted: without it training ends elsewhere
+            plain = alone[BASELINE_OF[feature]]
+            moved = max(np.abs(a - b).max() for a, b in zip(plain, ref, strict=True))
             assert moved > 1e-4, (feature, moved)
 
 # ------------------------------------------------------------------ 6. layers with state

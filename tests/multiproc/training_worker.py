@@ -78,11 +78,19 @@ class SameWeightsEveryEpoch(keras.callbacks.Callback):
         self.epochs_checked += 1
 
 
+_REFERENCES: dict = {}
+
+
 def reference_fit(opt_name, batch=GLOBAL_BATCH, **compile_kw):
-    model = make_model()
-    model.compile(optimizer=OPTS[opt_name](), loss=LOSS, **compile_kw)
-    model.fit(X, Y, batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0)
-    return weights(model)
+    """One process's weights after ``fit`` on the global batches (computed once per arguments:
+    a seeded model, no shuffling, so the same call gives the same weights)."""
+    key = (opt_name, batch, tuple(sorted(compile_kw.items())))
+    if key not in _REFERENCES:
+        model = make_model()
+        model.compile(optimizer=OPTS[opt_name](), loss=LOSS, **compile_kw)
+        model.fit(X, Y, batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0)
+        _REFERENCES[key] = weights(model)
+    return [w.copy() for w in _REFERENCES[key]]
 
 
 # ---------------------------------------------------------------- model.fit
@@ -161,12 +169,17 @@ def custom_loop(model, opt, xs, ys, batch, tape_wrapper=None):
     return weights(model)
 
 
+custom_loop_reference: list = []  # one process's weights, computed by the first check below
 for label, wrap_opt, wrap_tape in [
     ("custom_loop_distributed_optimizer", True, None),
     ("custom_loop_distributed_gradient_tape", False, hvd.DistributedGradientTape),
 ]:
     with c.check(label):
-        ref = custom_loop(make_model(), OPTS["adam"](), X, Y, GLOBAL_BATCH)
+        if not custom_loop_reference:
+            custom_loop_reference.append(
+                custom_loop(make_model(), OPTS["adam"](), X, Y, GLOBAL_BATCH)
+            )
+        ref = custom_loop_reference[0]
         opt = OPTS["adam"]()
         if wrap_opt:
             opt = hvd.DistributedOptimizer(opt)
