@@ -2,6 +2,7 @@
 
     python benchmarks/chaos.py [--seeds 5] [--first-seed 100] [--cells 11] [--keep DIR]
     python benchmarks/chaos.py --phase init [--seeds 3]  # every fault but the first at one phase
+    python benchmarks/chaos.py --cut [--seeds 3]        # every fault a cut link, aimed at phases
     python benchmarks/chaos.py --netns [--seeds 5]      # faults at random steps, network cuts too
 
 Per seed, one job of the scheduler/worker launch (Gloo) on this machine with
@@ -27,6 +28,14 @@ failure (the faults after it are not run). Wall-clock times on a shared
 machine; never a pass/fail gate. The test of the same job
 (tests/test_phases_mp.py) checks the results: exact samples, weights equal
 to a fault-free replay.
+
+With ``--cut`` (root) the phase form runs with the scheduler and every worker on a
+simulated host of its own (a network namespace of ``benchmarks/multihost.py``'s
+lab) and every fault a cut link: the process waits in its phase while its host's
+``eth0`` goes down, then goes on without a network (:class:`CutChain`); the
+scheduler counts its worker lost after the silence limit (at least 10 s), the link
+comes back, the cut worker's own end is recorded, and a new worker on that host is
+the next newcomer. Writes ``bench_results/chaos_cut.json``.
 
 With ``--netns`` (root) the earlier form runs: three faults per seed at random
 steps (``ft_train.py --faults``), every worker on its own simulated host (a
@@ -61,6 +70,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from _common import REPO, job_env, steal_share, write_results
 from multihost import Lab, preflight, remove_stale_namespaces
 
@@ -193,7 +203,9 @@ LAST = ("init", "rollback")  # last, as in tests/test_phases_mp.py CELLS
 CELL_LIMIT_S = 240.0  # a cell whose job says nothing awaited this long: a failure
 
 
-def cells_for(seed: int, count: int, only: str | None = None) -> list[tuple[str, str]]:
+def cells_for(
+    seed: int, count: int, only: str | None = None, kinds: tuple[str, ...] = PHASE_KINDS
+) -> list[tuple[str, str]]:
     """``count`` (phase, kind) pairs from ``seed``: a training phase first, no phase twice.
 
     The phases whose faults once restarted the whole job (``LAST``) come last,
@@ -207,18 +219,90 @@ def cells_for(seed: int, count: int, only: str | None = None) -> list[tuple[str,
     first = str(rng.choice(TRAINING))
     if only is not None:
         order = [first, *[only] * (max(1, count) - 1)]
-        return [(str(phase), str(rng.choice(PHASE_KINDS))) for phase in order]
+        return [(str(phase), str(rng.choice(kinds))) for phase in order]
     middle = [p for p in phases if p != first and p not in LAST]
     order = [first, *rng.permutation(middle), *rng.permutation(LAST)][: max(1, count)]
-    return [(str(phase), str(rng.choice(PHASE_KINDS))) for phase in order]
+    return [(str(phase), str(rng.choice(kinds))) for phase in order]
 
 
-def phase_job(seed: int, cells: int, keep: Path | None, only: str | None = None) -> dict:
-    """One job, the seed's faults one after another; each fault's outcome and time."""
-    plan = cells_for(seed, cells, only)
+class CutChain(Chain):
+    """The phase chain with the scheduler and each worker on a simulated host of its own
+    (a namespace of ``lab``: host 0 the scheduler's, 1-3 the workers'), and a fourth kind
+    of fault, ``cut``: the process waits in the phase while its host's link goes down,
+    then goes on without a network. When the scheduler has gone on without that worker,
+    the link comes back, the cut worker is given :data:`CUT_END_S` to end by itself (what
+    it did is recorded), and a new worker starts on that host: the next newcomer.
+    """
+
+    def __init__(self, root: Path, lab: Lab, limit_s: float):
+        self.lab = lab
+        self.host_of = {"scheduler": 0, **{f"worker{i}": i + 1 for i in range(3)}}
+        self.replace_on: int | None = None  # the host of the worker a new one replaces
+
+        def where(name: str) -> list[str]:
+            if name not in self.host_of:
+                self.host_of[name] = self.replace_on
+            return ["ip", "netns", "exec", lab.names[self.host_of[name]]]
+
+        super().__init__(root, limit_s, where, HVDKIT_SCHED_HOST=lab.addrs[0])
+
+    def _name_of(self, pid: int) -> str:
+        """The job's process (its name) that is ``pid`` or started it (a worker shell's child)."""
+        for name, proc in self.job.procs.items():
+            with contextlib.suppress(psutil.Error):
+                kids = psutil.Process(proc.pid).children(recursive=True)
+                if pid == proc.pid or pid in [k.pid for k in kids]:
+                    return name
+        raise ChainBroken(f"pid {pid} is none of the job's processes")
+
+    def _host_of_pid(self, pid: int) -> int:
+        return self.host_of[self._name_of(pid)]
+
+    def act(self, how: str, phase: str, hit: dict, worker: int) -> None:
+        if how != "cut":
+            self.replace_on = self._host_of_pid(worker)
+            return super().act(how, phase, hit, worker)
+        self.cut_name = self._name_of(worker)
+        self.cut_host = self.host_of[self.cut_name]
+        ns = self.lab.names[self.cut_host]
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        (self.traps / f"release.{hit['pid']}").touch()
+
+    def after_lost(self, how: str, phase: str, worker: int, cell: dict) -> None:
+        if how != "cut":
+            self.replace_on = self._host_of_pid(worker) if phase == "word" else self.replace_on
+            return super().after_lost(how, phase, worker, cell)
+        ns = self.lab.names[self.cut_host]
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        name = self.cut_name
+        try:  # its worker shell (run_workers.sh) ends with it
+            self.job.procs[name].wait(timeout=CUT_END_S)
+            cell["cut_worker"] = f"ended by itself ({self.job.procs[name].returncode})"
+        except subprocess.TimeoutExpired:
+            cell["cut_worker"] = f"still running {CUT_END_S:g} s after the link came back: killed"
+            for p in [*psutil.Process(worker).children(recursive=True), psutil.Process(worker)]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        self.replace_on = self.cut_host
+        self._new_worker()
+
+
+CUT_END_S = 60.0  # how long a cut worker may take to end once its link is back
+
+
+def phase_job(
+    seed: int, cells: int, keep: Path | None, only: str | None = None, lab: Lab | None = None
+) -> dict:
+    """One job, the seed's faults one after another; each fault's outcome and time.
+
+    With ``lab``: every worker on a host of its own and every fault a cut link."""
+    plan = cells_for(seed, cells, only, ("cut",) if lab is not None else PHASE_KINDS)
     with seed_folder(keep, seed) as tmp:
         started = time.time()
-        chain = Chain(Path(tmp) / "job", limit_s=CELL_LIMIT_S)
+        if lab is None:
+            chain = Chain(Path(tmp) / "job", limit_s=CELL_LIMIT_S)
+        else:
+            chain = CutChain(Path(tmp) / "job", lab, CELL_LIMIT_S)
         done, code = [], None
         try:
             for i, (phase, how) in enumerate(plan):
@@ -263,6 +347,7 @@ def phase_job(seed: int, cells: int, keep: Path | None, only: str | None = None)
                 "outcome": cell["outcome"],
                 "train_again_s": again,
                 "kept": "kept" in cell and cell["kept"] == cell["others"],
+                **({"cut_worker": cell["cut_worker"]} if "cut_worker" in cell else {}),
                 **({"why": cell["why"]} if "why" in cell else {}),
             }
         )
@@ -288,12 +373,13 @@ def phase_summary(jobs: list[dict]) -> dict:
     return summary
 
 
-def phases_main(args) -> None:
+def phases_main(args, lab: Lab | None = None) -> None:
     load_start, ticks = os.getloadavg(), cpu_ticks()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs: list[dict] = []
+    name = "_".join(["chaos", *(["cut"] if lab is not None else []), *filter(None, [args.phase])])
     for seed in seeds:  # the results are written after every seed: a stopped run keeps them
-        jobs.append(phase_job(seed, args.cells, args.keep, args.phase))
+        jobs.append(phase_job(seed, args.cells, args.keep, args.phase, lab))
         j = jobs[-1]
         said = ", ".join(
             f"{f['how']}@{f['phase']}: {f['outcome']}"
@@ -301,19 +387,19 @@ def phases_main(args) -> None:
             for f in j["faults"]
         )
         print(f"seed {seed}: exit {j['exit']}, {j['job_s']:.0f} s; {said}", flush=True)
-        out = write_phase_results(jobs, load_start, ticks, args.phase)
+        out = write_phase_results(jobs, load_start, ticks, name)
     print_phase_summary(phase_summary(jobs))
     print(f"wrote {out}")
 
 
-def write_phase_results(jobs: list[dict], load_start, ticks, only: str | None = None) -> Path:
+def write_phase_results(jobs: list[dict], load_start, ticks, name: str) -> Path:
     load = {
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "steal": steal_share(ticks, cpu_ticks()),
     }
     return write_results(
-        "chaos" if only is None else f"chaos_{only}",
+        name,
         {
             "what": "per fault aimed at a phase: how the job came through, and the seconds "
             "from the fault to the first step of its next world",
@@ -355,9 +441,20 @@ def main() -> None:
     p.add_argument("--port", type=int, default=29680)
     p.add_argument("--keep", type=Path, help="keep each job's logs in KEEP/seed-N (a new folder)")
     p.add_argument(
+        "--cut",
+        action="store_true",
+        help="phase mode, every fault a cut link: each worker on a namespace host (root)",
+    )
+    p.add_argument(
         "--netns", action="store_true", help="one namespace host per worker; network cuts too"
     )
     args = p.parse_args()
+    if args.cut:
+        preflight(["gloo"])
+        remove_stale_namespaces()
+        with Lab(4) as lab:
+            phases_main(args, lab)
+        return
     if not args.netns:
         phases_main(args)
         return

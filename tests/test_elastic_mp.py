@@ -43,8 +43,11 @@ LAST_SAVE = CRASH // EVERY * EVERY  # 10: what both ways go back to
 class Job:
     """Processes started together, their output collected line by line as they run."""
 
-    def __init__(self, root: Path, env: dict):
+    def __init__(self, root: Path, env: dict, where=None):
         self.root, self.env = root, env
+        # where(name): the command prefix that runs process ``name`` where it belongs
+        # (e.g. ``ip netns exec HOST``: benchmarks/chaos.py --cut); nothing by default
+        self.where = where or (lambda name: [])
         self.procs: dict[str, subprocess.Popen] = {}
         self.readers: list[threading.Thread] = []
         self.lines: dict[str, list[str]] = {}
@@ -53,7 +56,7 @@ class Job:
 
     def start(self, name: str, cmd: list[str]) -> None:
         proc = subprocess.Popen(
-            cmd,
+            [*self.where(name), *cmd],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -116,12 +119,13 @@ def start_job(
     workers: int = 3,
     samples: int = SAMPLES,
     epochs: int = EPOCHS,
+    where=None,
     **settings: str,
 ) -> tuple[Job, Path]:
     """Scheduler + ``workers`` workers running ft_train --mode elastic; the job and its folder.
 
     ``HVDKIT_WORKER_NUM`` is ``workers`` and ``HVDKIT_MIN_WORKERS`` 2 unless
-    ``settings`` say otherwise."""
+    ``settings`` say otherwise; ``where``: as for :class:`Job`."""
     out = root / "out"
     out.mkdir(parents=True)
     env = {
@@ -132,7 +136,7 @@ def start_job(
             **{"HVDKIT_MIN_WORKERS": "2", "HVDKIT_CHECKPOINT_DIR": str(out / "ckpt"), **settings},
         ),
     }
-    job = Job(root, env)
+    job = Job(root, env, where)
     job.train = [PY, FT_TRAIN, str(out), "--mode", "elastic", "--epochs", str(epochs)]
     job.train += ["--samples", str(samples), "--every", str(EVERY), *extra]
     job.start("scheduler", [SCHEDULER_SH])

@@ -81,6 +81,7 @@ SURVIVORS = ("word", "leave", "meet", "init", "rollback", "reshard", "first_step
 AGAIN = "ranks train again from step"
 LOST_ROUND = "go on in-process as round"
 RESTART = r"scheduler: restart \d+/"
+PAUSED = ("lost", "cut")  # kinds of fault the test acts out while the process waits in the phase
 CELL_LIMIT_S = 300  # a wait of the chain longer than this is a failure (a hang), not a slow cell
 
 
@@ -91,7 +92,7 @@ class ChainBroken(AssertionError):
 class Chain:
     """One elastic job, and the faults the test aims at its phases one after another."""
 
-    def __init__(self, root: Path, limit_s: float = HANG, **settings: str):
+    def __init__(self, root: Path, limit_s: float = HANG, where=None, **settings: str):
         self.limit_s = limit_s
         self.traps = root / "traps"
         self.traps.mkdir(parents=True)
@@ -109,6 +110,7 @@ class Chain:
             workers=WORKERS,
             samples=SAMPLES,
             epochs=EPOCHS,
+            where=where,
             HVDKIT_ELASTIC="1",
             HVDKIT_MAX_RESTARTS="40",  # a worker whose program died starts it again
             HVDKIT_STALL_TIMEOUT=STALL_S,
@@ -168,7 +170,7 @@ class Chain:
             self._grow()
         before = self.ranks()
         workers = {p: psutil.Process(p).ppid() for p in before}
-        trap = {"phase": phase, "action": "pause" if how == "lost" else how}
+        trap = {"phase": phase, "action": "pause" if how in PAUSED else how}
         if phase in SURVIVORS:
             aimed = sorted(before)[len(self.cells) % len(before)]
             trap["pid"] = psutil.Process(aimed).ppid() if phase == "word" else aimed
@@ -180,11 +182,7 @@ class Chain:
         hit = self._wait_for_hit()
         self.gate.unlink(missing_ok=True)
         worker = hit["pid"] if phase == "word" else hit["worker"]
-        if how == "lost":
-            os.kill(worker, signal.SIGKILL)  # its rank dies with it
-            (self.traps / f"release.{hit['pid']}").touch()
-        if how == "lost" or (phase == "word" and how == "kill"):  # a worker is gone
-            self._new_worker()
+        self.act(how, phase, hit, worker)
         # the faulty process, and at "word" (a worker) the rank it leaves too
         faulty = [hit["pid"], *(p for p, w in workers.items() if w == hit["pid"])]
         others = sorted(p for p in before if p not in faulty)
@@ -196,14 +194,26 @@ class Chain:
             cell["round"] = 1 + max(int(r) for r in re.findall(r"round (\d+)", self.log()))
             return cell
         cell["round"] = int(lost.group(1))
-        if phase == "word" and how == "stop":  # the scheduler lost the frozen worker
-            os.kill(worker, signal.SIGKILL)
-            self._new_worker()
+        self.after_lost(how, phase, worker, cell)
         if not self._trains_again(mark, int(lost.group(1))):
             cell["outcome"] = "restart"  # the smaller world failed too
             return cell
         cell["kept"] = [p for p in others if psutil.pid_exists(p)]
         return cell
+
+    def act(self, how: str, phase: str, hit: dict, worker: int) -> None:
+        """What the test does once the trap of ``how`` was taken (``hit``)."""
+        if how == "lost":
+            os.kill(worker, signal.SIGKILL)  # its rank dies with it
+            (self.traps / f"release.{hit['pid']}").touch()
+        if how == "lost" or (phase == "word" and how == "kill"):  # a worker is gone
+            self._new_worker()
+
+    def after_lost(self, how: str, phase: str, worker: int, cell: dict) -> None:
+        """What the test does once the scheduler went on without the faulty rank."""
+        if phase == "word" and how == "stop":  # the scheduler lost the frozen worker
+            os.kill(worker, signal.SIGKILL)
+            self._new_worker()
 
     def _trains_again(self, mark: int, round_: int) -> bool:
         """Until a world of round ``round_`` or later trains: every rank took two steps in it.

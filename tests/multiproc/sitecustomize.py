@@ -40,3 +40,11 @@ if os.environ.get("HVDKIT_TEST_CPU_LOG"):
             f.write(json.dumps(line) + "\n")
 
     atexit.register(_log_cpu)
+
+# HVDKIT_TEST_STACKS=1: SIGUSR2 prints every thread's Python stack to stderr (to see
+# where a process of a benchmark or a test waits, without stopping it).
+if os.environ.get("HVDKIT_TEST_STACKS") == "1":
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
