@@ -238,6 +238,7 @@ class CutChain(Chain):
         self.lab = lab
         self.host_of = {"scheduler": 0, **{f"worker{i}": i + 1 for i in range(3)}}
         self.replace_on: int | None = None  # the host of the worker a new one replaces
+        self.cut_name, self.cut_host = "", 0  # the cut worker (a job process) and its host
 
         def where(name: str) -> list[str]:
             if name not in self.host_of:

@@ -238,13 +238,18 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
 
     def attacks(sched, workers, env):
         sched.wait_for("worker 1/2 registered", 120)
-        # The registration worker B sent, as captured on A.
-        regs = [
-            p[5]
-            for p in packets(cap_a)
-            if p[0] == 6 and p[1] == B_IP and p[4] == port and p[5].startswith(b'{"b"')
-        ]
-        assert regs, "the capture did not see worker B's registration"
+        # The registration worker B sent, as captured on A (the capture, a process of
+        # its own, may write it only after the scheduler said so: read until it is there).
+        regs = []
+        deadline = time.monotonic() + 60
+        while not regs and time.monotonic() < deadline:
+            regs = [
+                p[5]
+                for p in packets(cap_a)
+                if p[0] == 6 and p[1] == B_IP and p[4] == port and p[5].startswith(b'{"b"')
+            ]
+            time.sleep(0.2)
+        assert regs, "the capture did not see worker B's registration within 60 s"
         captured_reg = tmp_path / "registration.line"
         captured_reg.write_bytes(regs[0].split(b"\n")[0])
         seen["register"] = outsider(c, "register", A_IP, port, captured_reg)
