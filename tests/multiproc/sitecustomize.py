@@ -42,9 +42,16 @@ if os.environ.get("HVDKIT_TEST_CPU_LOG"):
     atexit.register(_log_cpu)
 
 # HVDKIT_TEST_STACKS=1: SIGUSR2 prints every thread's Python stack to stderr (to see
-# where a process of a benchmark or a test waits, without stopping it).
+# where a process of a benchmark or a test waits, without stopping it; the signal
+# ends a blocking call that it interrupts). HVDKIT_TEST_STACKS=every=N: every N
+# seconds instead, from a watchdog thread.
 if os.environ.get("HVDKIT_TEST_STACKS") == "1":
     import faulthandler
     import signal
 
     faulthandler.register(signal.SIGUSR2, all_threads=True)
+elif os.environ.get("HVDKIT_TEST_STACKS", "").startswith("every="):
+    import faulthandler
+
+    # every N seconds, from a watchdog thread (no signal: no call is interrupted)
+    faulthandler.dump_traceback_later(float(os.environ["HVDKIT_TEST_STACKS"][6:]), repeat=True)
