@@ -227,23 +227,21 @@ def cells_for(
 
 class CutChain(Chain):
     """The phase chain with the scheduler and each worker on a simulated host of its own
-    (a namespace of ``lab``: host 0 the scheduler's, 1-3 the workers'), and a fourth kind
-    of fault, ``cut``: the process waits in the phase while its host's link goes down,
-    then goes on without a network. When the scheduler has gone on without that worker,
-    the link comes back, the cut worker is given :data:`CUT_END_S` to end by itself (what
-    it did is recorded), and a new worker starts on that host: the next newcomer.
+    (a namespace of ``lab``: host 0 the scheduler's, 1-3 the workers'), where every fault
+    is a cut link: the process waits in the phase while its host's link goes down, then
+    goes on without a network. When the scheduler has gone on without that worker, the
+    link comes back, the cut worker is given :data:`CUT_END_S` to end by itself (what it
+    did is recorded), and a new worker starts on that host: the next newcomer.
     """
 
     def __init__(self, root: Path, lab: Lab, limit_s: float):
         self.lab = lab
         self.host_of = {"scheduler": 0, **{f"worker{i}": i + 1 for i in range(3)}}
-        self.replace_on: int | None = None  # the host of the worker a new one replaces
-        self.cut_name, self.cut_host = "", 0  # the cut worker (a job process) and its host
+        self.cut = ""  # the job's process (a worker shell) whose host's link is cut
 
-        def where(name: str) -> list[str]:
-            if name not in self.host_of:
-                self.host_of[name] = self.replace_on
-            return ["ip", "netns", "exec", lab.names[self.host_of[name]]]
+        def where(name: str) -> list[str]:  # a new worker: on the cut worker's host
+            host = self.host_of.setdefault(name, self.host_of.get(self.cut, 0))
+            return ["ip", "netns", "exec", lab.names[host]]
 
         super().__init__(root, limit_s, where, HVDKIT_SCHED_HOST=lab.addrs[0])
 
@@ -256,35 +254,29 @@ class CutChain(Chain):
                     return name
         raise ChainBroken(f"pid {pid} is none of the job's processes")
 
-    def _host_of_pid(self, pid: int) -> int:
-        return self.host_of[self._name_of(pid)]
+    def _link(self, state: str) -> None:
+        ns = self.lab.names[self.host_of[self.cut]]
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", state], check=True)
 
     def act(self, how: str, phase: str, hit: dict, worker: int) -> None:
         if how != "cut":
-            self.replace_on = self._host_of_pid(worker)
-            return super().act(how, phase, hit, worker)
-        self.cut_name = self._name_of(worker)
-        self.cut_host = self.host_of[self.cut_name]
-        ns = self.lab.names[self.cut_host]
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+            raise ValueError(f"CutChain aims cut links only, not {how!r}")
+        self.cut = self._name_of(worker)
+        self._link("down")
         (self.traps / f"release.{hit['pid']}").touch()
 
     def after_lost(self, how: str, phase: str, worker: int, cell: dict) -> None:
-        if how != "cut":
-            self.replace_on = self._host_of_pid(worker) if phase == "word" else self.replace_on
-            return super().after_lost(how, phase, worker, cell)
-        ns = self.lab.names[self.cut_host]
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
-        name = self.cut_name
-        try:  # its worker shell (run_workers.sh) ends with it
-            self.job.procs[name].wait(timeout=CUT_END_S)
-            cell["cut_worker"] = f"ended by itself ({self.job.procs[name].returncode})"
+        self._link("up")
+        shell = self.job.procs[self.cut]  # run_workers.sh: it ends with its worker
+        try:
+            shell.wait(timeout=CUT_END_S)
+            cell["cut_worker"] = f"ended by itself ({shell.returncode})"
         except subprocess.TimeoutExpired:
             cell["cut_worker"] = f"still running {CUT_END_S:g} s after the link came back: killed"
-            for p in [*psutil.Process(worker).children(recursive=True), psutil.Process(worker)]:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-        self.replace_on = self.cut_host
+            with contextlib.suppress(psutil.Error):
+                for p in [*psutil.Process(worker).children(recursive=True), psutil.Process(worker)]:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
         self._new_worker()
 
 
@@ -378,7 +370,7 @@ def phases_main(args, lab: Lab | None = None) -> None:
     load_start, ticks = os.getloadavg(), cpu_ticks()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs: list[dict] = []
-    name = "_".join(["chaos", *(["cut"] if lab is not None else []), *filter(None, [args.phase])])
+    name = "chaos" + ("_cut" if lab is not None else "") + (f"_{args.phase}" if args.phase else "")
     for seed in seeds:  # the results are written after every seed: a stopped run keeps them
         jobs.append(phase_job(seed, args.cells, args.keep, args.phase, lab))
         j = jobs[-1]

@@ -189,6 +189,18 @@ def packets(path: Path):
         yield proto, src, sport, dst, dport, payload
 
 
+def captured(path: Path, keep, seconds: float = 60.0) -> list[tuple]:
+    """The packets of the capture at ``path`` that ``keep`` accepts, read again until
+    there is one (the capture, a process of its own, may lag behind what the test saw)
+    or ``seconds`` passed (then none)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = [p for p in packets(path) if keep(p)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def start_capture(ns, path: Path) -> Proc:
     cap = Proc([PY, CAPTURE, str(path), "900"], ns)
     cap.wait_for("capturing", 60)
@@ -240,15 +252,13 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
         sched.wait_for("worker 1/2 registered", 120)
         # The registration worker B sent, as captured on A (the capture, a process of
         # its own, may write it only after the scheduler said so: read until it is there).
-        regs = []
-        deadline = time.monotonic() + 60
-        while not regs and time.monotonic() < deadline:
-            regs = [
-                p[5]
-                for p in packets(cap_a)
-                if p[0] == 6 and p[1] == B_IP and p[4] == port and p[5].startswith(b'{"b"')
-            ]
-            time.sleep(0.2)
+        regs = [
+            p[5]
+            for p in captured(
+                cap_a,
+                lambda p: p[0] == 6 and p[1] == B_IP and p[4] == port and p[5].startswith(b'{"b"'),
+            )
+        ]
         assert regs, "the capture did not see worker B's registration within 60 s"
         captured_reg = tmp_path / "registration.line"
         captured_reg.write_bytes(regs[0].split(b"\n")[0])
@@ -266,12 +276,10 @@ def test_outsiders_are_refused_and_the_job_is_undisturbed(tmp_path, three_hosts)
         # Worker A's program sends heartbeats to its worker on A's loopback.
         workers[1].wait_for(" of 2 (local", 120)
         beats: dict[int, list[bytes]] = defaultdict(list)
-        deadline = time.monotonic() + 60
-        while not beats and time.monotonic() < deadline:
-            for proto, src, _, dst, dport, payload in packets(cap_a):
-                if proto == 17 and src == dst == "127.0.0.1" and payload.startswith(b'{"b"'):
-                    beats[dport].append(payload)
-            time.sleep(0.5)
+        for *_, dport, payload in captured(
+            cap_a, lambda p: p[0] == 17 and p[1] == p[3] == "127.0.0.1" and p[5].startswith(b'{"b"')
+        ):
+            beats[dport].append(payload)
         assert len(beats) == 1, f"expected one heartbeat receiver on A, saw ports {list(beats)}"
         ((monitor_port, datagrams),) = beats.items()
         captured_beats = tmp_path / "heartbeats.hex"

@@ -7,6 +7,7 @@ Keras wrapper fails exactly this under Keras 3. References are computed in
 this same process with plain Keras (no collectives), on the full batches.
 """
 
+import functools
 import os
 import sys
 
@@ -78,19 +79,18 @@ class SameWeightsEveryEpoch(keras.callbacks.Callback):
         self.epochs_checked += 1
 
 
-_REFERENCES: dict = {}
+@functools.cache
+def _fit_alone(opt_name):
+    model = make_model()
+    model.compile(optimizer=OPTS[opt_name](), loss=LOSS)
+    model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return weights(model)
 
 
-def reference_fit(opt_name, batch=GLOBAL_BATCH, **compile_kw):
-    """One process's weights after ``fit`` on the global batches (computed once per arguments:
-    a seeded model, no shuffling, so the same call gives the same weights)."""
-    key = (opt_name, batch, tuple(sorted(compile_kw.items())))
-    if key not in _REFERENCES:
-        model = make_model()
-        model.compile(optimizer=OPTS[opt_name](), loss=LOSS, **compile_kw)
-        model.fit(X, Y, batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0)
-        _REFERENCES[key] = weights(model)
-    return [w.copy() for w in _REFERENCES[key]]
+def reference_fit(opt_name):
+    """One process's weights after ``fit`` on the global batches (computed once per
+    optimizer: a seeded model, no shuffling, so every call would give the same)."""
+    return [w.copy() for w in _fit_alone(opt_name)]
 
 
 # ---------------------------------------------------------------- model.fit
@@ -169,17 +169,18 @@ def custom_loop(model, opt, xs, ys, batch, tape_wrapper=None):
     return weights(model)
 
 
-custom_loop_reference: list = []  # one process's weights, computed by the first check below
+@functools.cache
+def custom_loop_alone():
+    """One process's weights after the custom loop (computed once, for both checks below)."""
+    return custom_loop(make_model(), OPTS["adam"](), X, Y, GLOBAL_BATCH)
+
+
 for label, wrap_opt, wrap_tape in [
     ("custom_loop_distributed_optimizer", True, None),
     ("custom_loop_distributed_gradient_tape", False, hvd.DistributedGradientTape),
 ]:
     with c.check(label):
-        if not custom_loop_reference:
-            custom_loop_reference.append(
-                custom_loop(make_model(), OPTS["adam"](), X, Y, GLOBAL_BATCH)
-            )
-        ref = custom_loop_reference[0]
+        ref = custom_loop_alone()
         opt = OPTS["adam"]()
         if wrap_opt:
             opt = hvd.DistributedOptimizer(opt)
