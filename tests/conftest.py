@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -356,7 +357,9 @@ def pytest_terminal_summary(terminalreporter):
 # HVDKIT_TEST_CGROUP_LOG=<file> (root, cgroup v1's cpuacct): each pytest worker
 # moves itself into a cgroup of its own, and every test's CPU, with that of every
 # process it started (killed ones and their children too), is appended as a JSON
-# line. Processes started by daemons (sshd, slurmd) are not counted.
+# line with the test's wall time. A test whose CPU is well below its wall time
+# waits (for a timeout, a restart): with the cores busy, the other tests fill that.
+# Processes started by daemons (sshd, slurmd) are not counted.
 _CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
@@ -381,9 +384,11 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    before = _cgroup_usage()
+    before, started = _cgroup_usage(), time.monotonic()
     yield
     if before is not None:
         with open(os.environ["HVDKIT_TEST_CGROUP_LOG"], "a") as f:
             cpu = (_cgroup_usage() - before) / 1e9
-            f.write(json.dumps({"test": item.nodeid, "cpu": round(cpu, 2)}) + "\n")
+            wall = time.monotonic() - started  # setup and teardown included, like the CPU
+            line = {"test": item.nodeid, "cpu": round(cpu, 2), "wall": round(wall, 2)}
+            f.write(json.dumps(line) + "\n")

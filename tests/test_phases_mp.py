@@ -169,6 +169,8 @@ class Chain:
         if phase not in REGROUPING:  # the world is whole again: the newcomer joined
             self._grow()
         before = self.ranks()
+        if not before:
+            raise ChainBroken(f"no rank trains before the fault at {phase}:\n{self.log()[-3000:]}")
         workers = {p: psutil.Process(p).ppid() for p in before}
         trap = {"phase": phase, "action": "pause" if how in PAUSED else how}
         if phase in SURVIVORS:

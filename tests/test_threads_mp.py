@@ -6,13 +6,18 @@ import pytest
 from conftest import WorkerRun
 
 RUN = WorkerRun("threads_worker.py", timeout=300, env_extra={"HVDKIT_COMM_PRIORITY": "1"})
-EXPECTED = ["policies_of_horovods_threads", "fit_per_gradient_allreduces_equals_single_process"]
+EXPECTED = [
+    "policies_of_horovods_threads",
+    "fit_per_gradient_allreduces_equals_single_process",
+    "shutdown_puts_every_thread_back_on_the_normal_policy",
+]
 TRIAL = WorkerRun(
     "priority_trial_worker.py", timeout=300, env_extra={"HVDKIT_COMM_PRIORITY": "auto"}
 )
 TRIAL_EXPECTED = [
     "the_trial_times_both_settings_and_keeps_what_it_says",
     "fit_after_the_trial_equals_single_process",
+    "shutdown_puts_every_thread_back_on_the_normal_policy",
 ]
 
 

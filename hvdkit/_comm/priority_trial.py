@@ -29,7 +29,7 @@ Example::
     trial = PriorityTrial(steps_done, favour=on, unfavour=off, report=print)
     trial.start()          # a daemon thread; the report says what was kept, and why
     ...
-    trial.stop()           # Horovod shuts down: leave the threads as they are
+    trial.stop()           # Horovod shuts down: the threads go back to the normal policy
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ ROUNDS = ORDER.count(True)
 MARGIN = 0.03  # SCHED_RR must be this much faster: ties keep the normal policy
 POLL_S = 0.005  # inside a window
 IDLE_POLL_S = 0.05  # before the first step and during the warm-up: nothing is timed yet
+STOP_JOIN_S = 5.0  # the trial's thread ends within a poll once stopped; this only bounds a bug
 
 
 @dataclass
@@ -76,22 +77,35 @@ class PriorityTrial:
     windows: list[tuple[bool, float]] = field(default_factory=list)  # (favoured, s per step)
     decision: bool | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
 
     def __post_init__(self):
         if self.wait is None:
             self.wait = self._stop.wait
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="hvdkit-priority-trial", daemon=True)
-        thread.start()
-        return thread
+        self._thread = threading.Thread(target=self.run, name="hvdkit-priority-trial", daemon=True)
+        self._thread.start()
+        return self._thread
 
     def stop(self) -> None:
-        """End the trial where it is (Horovod shuts down); its threads go with it."""
+        """End the trial where it is (Horovod shuts down) and put the threads back.
+
+        Whatever the trial was trying or had kept, the threads end on the normal
+        policy: Gloo's socket loops outlive Horovod's shutdown (an elastic job
+        starts new ones in each world), and one left on ``SCHED_RR`` would keep it
+        for the life of the process. The trial's thread is waited for first, so
+        no switch of its comes after this one.
+        """
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_JOIN_S)
+        self.unfavour()
 
     def run(self) -> None:
         """The whole trial; returns when decided, refused or stopped."""
+        if self._stop.is_set():
+            return
         said = self.favour()
         if "not permitted" in said:
             self.decision = False

@@ -6,7 +6,8 @@ socket loop) wait for a turn at each wake-up: after each message, each
 segment of the ring. With the setting, hvdkit puts every thread Horovod
 started in ``init()`` on the real-time round-robin policy (``SCHED_RR``,
 priority 1), so they run the moment they wake; TensorFlow keeps the CPU in
-between. ``benchmarks/overlap.py``, one core per simulated host, every
+between. Shutting Horovod down puts them back on the normal policy: Gloo's
+socket loops outlive it. ``benchmarks/overlap.py``, one core per simulated host, every
 variant in the same job (docs/performance.md):
 
 * 1 Gbit/s (wire-bound): hidden fraction 0.64-0.80 -> 0.87-0.92 in four

@@ -138,6 +138,7 @@ class HorovodBackend(Backend):
         self.comm_sockets = _sockets.opened_since(sockets_before) if gloo else set()
         self.comm_priority = "off"
         self._trial: _priority_trial.PriorityTrial | None = None
+        self._favoured = False  # HVDKIT_COMM_PRIORITY=1 put comm_threads on SCHED_RR
         self._says_decision = hvd.rank() == 0  # (the trial's thread may end after shutdown)
         if setting is None:  # one machine: the allreduce never waits for a wire
             setting = "auto" if hvd.cross_size() > 1 else "0"
@@ -147,6 +148,7 @@ class HorovodBackend(Backend):
             self.comm_priority = "off under MPI: its transport polls while it waits"
         elif setting == "1":
             self.comm_priority = _threads.favour(self.comm_threads)
+            self._favoured = True
         else:
             self.comm_priority = "auto: trying Horovod's threads with and without SCHED_RR"
             self._trial = _priority_trial.PriorityTrial(
@@ -214,8 +216,13 @@ class HorovodBackend(Backend):
         return _sockets.shut_down(self.comm_sockets)
 
     def shutdown(self) -> None:
+        # Back to the normal policy first: Gloo's socket loops outlive hvd.shutdown()
+        # (2 of the 3 threads init starts, seen in /proc), and an elastic job starts
+        # new ones in every world.
         if self._trial is not None:
             self._trial.stop()
+        elif self._favoured:
+            _threads.unfavour(self.comm_threads)
         hvd.shutdown()
 
     def allreduce(

@@ -15,6 +15,7 @@ import sys
 import keras
 import tensorflow as tf
 from _equal import assert_fit_matches_one_process, small_problem
+from _policies import assert_shutdown_puts_every_thread_back
 
 import hvdkit as hvd
 from hvdkit import runtime
@@ -27,6 +28,7 @@ assert os.environ.get("HVDKIT_COMM_PRIORITY") == "auto", "run me with HVDKIT_COM
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 c = Checks(r, sys.argv[1])
+hvd_mpi = hvd.mpi_enabled()  # (asked before the shutdown)
 backend = runtime.backend()
 MAX_STEPS = 100_000  # a hang guard only: the trial needs a few seconds of steps
 
@@ -82,5 +84,8 @@ with c.check("the_trial_times_both_settings_and_keeps_what_it_says"):
 
 with c.check("fit_after_the_trial_equals_single_process"):
     assert_fit_matches_one_process(hvd.DistributedOptimizer, "fit after the priority trial")
+
+with c.check("shutdown_puts_every_thread_back_on_the_normal_policy"):
+    assert_shutdown_puts_every_thread_back(hvd, backend, hvd_mpi)
 
 c.finish()

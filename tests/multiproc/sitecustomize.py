@@ -55,3 +55,46 @@ elif os.environ.get("HVDKIT_TEST_STACKS", "").startswith("every="):
 
     # every N seconds, from a watchdog thread (no signal: no call is interrupted)
     faulthandler.dump_traceback_later(float(os.environ["HVDKIT_TEST_STACKS"][6:]), repeat=True)
+
+# HVDKIT_TEST_GC_LOG=S: print each garbage collection that took S seconds or more
+# (its generation, duration, objects collected) to stderr, to tell a long
+# collection (a finalizer that blocks) from other waits of the main thread.
+if os.environ.get("HVDKIT_TEST_GC_LOG"):
+    import gc
+    import time
+
+    _gc_min_s, _gc_began = float(os.environ["HVDKIT_TEST_GC_LOG"]), [0.0]
+
+    def _gc_timer(phase, info):
+        if phase == "start":
+            _gc_began[0] = time.monotonic()
+            return
+        took = time.monotonic() - _gc_began[0]
+        if took >= _gc_min_s:
+            sys.stderr.write(
+                f"[gc] generation {info['generation']} took {took:.2f} s, "
+                f"collected {info['collected']}\n"
+            )
+
+    gc.callbacks.append(_gc_timer)
+
+# HVDKIT_TEST_GC_MARK=DIR: each process keeps the start time of a garbage collection
+# in progress (CLOCK_MONOTONIC, 0.0 between collections) in DIR/gc-<pid>, a mapped
+# 8-byte file: a watcher outside the process sees a long collection while it lasts
+# (to attach a debugger to it). Writing to the mapping costs no system call.
+if os.environ.get("HVDKIT_TEST_GC_MARK"):
+    import gc
+    import mmap
+    import struct
+    import time
+
+    _mark_path = os.path.join(os.environ["HVDKIT_TEST_GC_MARK"], f"gc-{os.getpid()}")
+    with open(_mark_path, "wb") as _f:
+        _f.write(bytes(8))
+    with open(_mark_path, "r+b") as _f:
+        _gc_mark = mmap.mmap(_f.fileno(), 8)
+
+    def _gc_marker(phase, info):
+        _gc_mark[:8] = struct.pack("d", time.monotonic() if phase == "start" else 0.0)
+
+    gc.callbacks.append(_gc_marker)

@@ -13,6 +13,7 @@ import sys
 import threading
 
 from _equal import assert_fit_matches_one_process
+from _policies import assert_shutdown_puts_every_thread_back
 
 import hvdkit as hvd
 from hvdkit import runtime
@@ -24,6 +25,7 @@ assert os.environ.get("HVDKIT_COMM_PRIORITY") == "1", "run me with HVDKIT_COMM_P
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 c = Checks(r, sys.argv[1])
+hvd_mpi = hvd.mpi_enabled()  # (asked before the shutdown)
 
 with c.check("policies_of_horovods_threads"):
     backend = runtime.backend()
@@ -49,5 +51,8 @@ with c.check("fit_per_gradient_allreduces_equals_single_process"):
     assert_fit_matches_one_process(
         lambda opt: hvd.DistributedOptimizer(opt, bucket_bytes=0), "fit with favoured threads"
     )
+
+with c.check("shutdown_puts_every_thread_back_on_the_normal_policy"):
+    assert_shutdown_puts_every_thread_back(hvd, backend, hvd_mpi)
 
 c.finish()

@@ -7,6 +7,7 @@ when each step begins; the trial's waits advance the simulated time.
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 
@@ -138,7 +139,48 @@ def test_a_stopped_trial_ends_and_reports_nothing():
     trial.stop()  # Horovod shut down before the first step
     trial.run()
     assert trial.decision is None and trial.windows == [] and job.lines == []
-    assert job.switches == [True, False]  # back on the normal policy
+    assert job.switches == [False]  # stop() put them back; nothing was tried
+
+
+def test_a_trial_stopped_in_a_favoured_window_puts_the_threads_back():
+    job = Job(0.4, 0.3)
+    trial = job.trial()
+    real_wait = job.wait
+
+    def wait(seconds):  # Horovod shuts down in the first window with SCHED_RR
+        if job.switches[-1] and len(trial.windows) == 1:
+            trial.stop()
+        return real_wait(seconds)
+
+    trial.wait = wait
+    trial.run()
+    assert trial.decision is None and [f for f, _ in trial.windows] == [False]
+    assert job.switches == [True, False, False, True, False]  # probe, window 1, 2, stop
+    assert job.lines == []
+
+
+def test_stop_waits_for_the_trials_thread_and_has_the_last_switch():
+    """Threaded: no switch of the trial's thread comes after stop() returned."""
+    job = Job(0.4, 0.3)
+    trial = job.trial()
+    in_window = threading.Event()
+    release = threading.Event()
+    real_wait = job.wait
+
+    def wait(seconds):  # the thread pauses in its first SCHED_RR window until released
+        if job.switches[-1] and trial.windows:
+            in_window.set()
+            release.wait()
+        return real_wait(seconds)
+
+    trial.wait = wait
+    trial.start()
+    assert in_window.wait(60)
+    release.set()  # the thread may now switch again, unless stop() came first
+    trial.stop()
+    after_stop = list(job.switches)
+    assert after_stop[-1] is False and not trial._thread.is_alive()
+    assert job.switches == after_stop and trial.decision is None
 
 
 def test_the_order_has_each_setting_rounds_times_and_starts_without_it():
