@@ -64,6 +64,7 @@ from .. import _phases, config, runtime
 from .._comm import meeting as _meeting
 from .._comm.meeting import enabled
 from ..errors import NotSupportedError
+from . import _failed_attempt
 from ._memory_commit import MemoryCommit
 from .preemption import Regroup
 
@@ -129,10 +130,12 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 result = func(state, *args, **kwargs)
             except Regroup as exc:
+                _failed_attempt.let_go(exc)
                 _recover(commit, exc)
             except Exception as exc:
                 if not enabled() or not _meeting.peer_lost(exc):
                     raise
+                _failed_attempt.let_go(exc)
                 _recover(commit, exc)
             else:
                 _phases.enter("end")
@@ -174,6 +177,7 @@ def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> An
         else:
             _say_finished()
             return result
+        _failed_attempt.let_go(cause)
         with _LostPeerWatch.recovering():
             _rejoin_state(state, cause)
         rejoined = True
