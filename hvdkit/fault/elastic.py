@@ -100,6 +100,11 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     ``state.commit()`` found a worker waiting to join, the same without the
     restore.
 
+    Before each recovery every live ``tf.data`` iterator is kept for the rest
+    of the process, and the failed attempt's frames are cleared
+    (:mod:`hvdkit.fault._failed_attempt`: freed later, a failed ``fit``'s
+    iterator could stop the rank for seconds in the middle of the next world).
+
     Raises:
         NotSupportedError: the first argument is neither a Checkpointer nor
             one of Horovod's state classes, naming the hvdkit way.
