@@ -61,6 +61,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -421,7 +422,14 @@ def print_phase_summary(summary: dict) -> None:
         )
 
 
+def _stop_like_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
+    # SIGTERM ends the run as Ctrl-C does, through every cleanup (the job's
+    # processes, the namespace hosts): by default it would leave both behind.
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=100)
