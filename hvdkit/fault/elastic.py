@@ -135,12 +135,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 result = func(state, *args, **kwargs)
             except Regroup as exc:
-                _failed_attempt.let_go(exc)
                 _recover(commit, exc)
             except Exception as exc:
                 if not enabled() or not _meeting.peer_lost(exc):
                     raise
-                _failed_attempt.let_go(exc)
                 _recover(commit, exc)
             else:
                 _phases.enter("end")
@@ -182,7 +180,6 @@ def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> An
         else:
             _say_finished()
             return result
-        _failed_attempt.let_go(cause)
         with _LostPeerWatch.recovering():
             _rejoin_state(state, cause)
         rejoined = True
@@ -232,6 +229,7 @@ def _say_finished() -> None:
 
 
 def _recover(commit: MemoryCommit, exc: BaseException) -> None:
+    _failed_attempt.let_go(exc)
     if isinstance(exc, Regroup):  # every rank left at the same step: commit it
         commit.save()
     _recover_now(commit, exc)
@@ -289,6 +287,7 @@ def _say_lost_meanwhile(where: str, exc: BaseException) -> None:
 
 def _rejoin_state(state, exc: BaseException) -> None:
     """Horovod's state: the new world; the reset callbacks and the sync come in the loop."""
+    _failed_attempt.let_go(exc)
     started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
     round_ = runtime.rejoin()
     _meeting.StatePending.rejoined = True
