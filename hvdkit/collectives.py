@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _compat, process_sets, runtime
+from ._autograph import not_converted
 from ._comm import progress as _progress
 from ._validate import is_int, is_number
 from .backends import ReduceOp
@@ -81,11 +82,6 @@ Product = ReduceOp.PRODUCT
 Adasum = ReduceOp.ADASUM
 
 _eager_call_ids = itertools.count()
-
-# These functions are plain Python around TF ops and must not be rewritten by
-# AutoGraph when a user's tf.function calls them: converted, hvdkit's own
-# argument checks (Python ints, the backend object) were traced wrongly.
-_no_autograph = tf.autograph.experimental.do_not_convert
 
 
 class TFCollectiveMismatchError(CollectiveMismatchError, tf.errors.FailedPreconditionError):
@@ -330,7 +326,7 @@ def _reduce_slices(
 
 
 # --------------------------------------------------------------------------- tensors
-@_no_autograph
+@not_converted
 def allreduce(
     tensor: TensorLike | tf.IndexedSlices,
     average: bool | None = None,
@@ -419,7 +415,7 @@ def allreduce(
     return _out(out, as_numpy)
 
 
-@_no_autograph
+@not_converted
 def grouped_allreduce(
     tensors: Sequence[TensorLike | tf.IndexedSlices],
     average: bool | None = None,
@@ -500,7 +496,7 @@ def grouped_allreduce(
     return out
 
 
-@_no_autograph
+@not_converted
 def allgather(
     tensor: TensorLike,
     name: str | None = None,
@@ -530,7 +526,7 @@ def allgather(
     return _out(out, as_numpy)
 
 
-@_no_autograph
+@not_converted
 def grouped_allgather(
     tensors: Sequence[TensorLike],
     name: str | None = None,
@@ -561,7 +557,7 @@ def grouped_allgather(
     return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
 
 
-@_no_autograph
+@not_converted
 def broadcast(
     tensor: TensorLike,
     root_rank: int = 0,
@@ -592,7 +588,7 @@ def broadcast(
     return _out(out, as_numpy)
 
 
-@_no_autograph
+@not_converted
 def broadcast_(
     variables: Sequence[tf.Variable],
     root_rank: int,
@@ -638,7 +634,7 @@ def broadcast_(
     )
 
 
-@_no_autograph
+@not_converted
 def broadcast_variables(
     variables: Sequence[tf.Variable],
     root_rank: int = 0,
@@ -690,7 +686,7 @@ def _check_scatterable(t: tf.Tensor, what: str) -> None:
         )
 
 
-@_no_autograph
+@not_converted
 def reducescatter(
     tensor: TensorLike,
     device_dense: str = "",
@@ -732,7 +728,7 @@ def reducescatter(
     return _out(out, as_numpy)
 
 
-@_no_autograph
+@not_converted
 def grouped_reducescatter(
     tensors: Sequence[TensorLike],
     device_dense: str = "",
@@ -781,7 +777,7 @@ def grouped_reducescatter(
     return [_out(o, as_np) for o, (_, as_np) in zip(outs, converted, strict=True)]
 
 
-@_no_autograph
+@not_converted
 def alltoall(
     tensor: TensorLike,
     splits: TensorLike | None = None,
@@ -841,7 +837,7 @@ def alltoall(
     return _out(received, as_numpy), _out(rsplits, as_numpy)
 
 
-@_no_autograph
+@not_converted
 def neighbor_exchange(
     tensors: TensorLike | Sequence[TensorLike],
     send_to: Sequence[int],
@@ -1000,7 +996,7 @@ def _exchange(mine, by_dest: dict, n: int, checked, eager: bool, name: str | Non
     return received, rsplits
 
 
-@_no_autograph
+@not_converted
 def join() -> tf.Tensor:
     """Mark this rank as done with its data (Horovod's ``join``); returns the last rank to join.
 

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from . import _compat, _same_start, collectives, process_sets, runtime
+from ._autograph import not_converted
 from ._comm import buckets as _buckets
 from ._comm import graph_progress as _graph_progress
 from ._comm import meeting as _meeting
@@ -87,6 +88,7 @@ def _check_reduction_args(op, compression, what: str) -> None:
         )
 
 
+@not_converted
 def reduce_gradients(
     grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
     *,
@@ -535,6 +537,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         finally:
             self._skip_reduce = before
 
+    @not_converted
     def reduce(self, grads, variables=None):
         """The allreduce step alone: returns the averaged (or summed) gradients."""
         if self._skip_reduce:
@@ -553,11 +556,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             process_set=self.process_set,
         )
 
+    @not_converted
     def apply_gradients(self, grads_and_vars):
         grads, variables = zip(*grads_and_vars, strict=True)
         self.apply(grads, variables)
         return self.iterations  # the wrapped optimizer's count of applied updates
 
+    @not_converted
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if trainable_variables is None:
@@ -746,6 +751,7 @@ class DistributedGradientTape:
     def __getattr__(self, name):
         return getattr(self._tape, name)
 
+    @not_converted
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         """Like ``tf.GradientTape.gradient``, then reduced over ranks (same structure)."""
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)

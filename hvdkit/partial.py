@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from . import process_sets, runtime
+from ._autograph import not_converted
 from .backends import ReduceOp
 from .errors import ConfigurationError
 from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
@@ -106,6 +107,7 @@ class PartialDistributedGradientTape(DistributedGradientTape):
         local = {id(v) for layer in self._local_layers for v in layer.trainable_variables}
         return local | {id(s) for s in self._local_sources}
 
+    @not_converted
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         """Like ``tf.GradientTape.gradient``; shared gradients reduced, local ones kept."""
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
@@ -127,6 +129,7 @@ class PartialDistributedGradientTape(DistributedGradientTape):
                     out[i] = _divide(out[i], n)
         return tf.nest.pack_sequence_as(grads, out)
 
+    @not_converted
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):
         """``(local [(source, grad)], global [(source, grad)])`` (Horovod's method)."""
         grads = self.gradient(target, sources, output_gradients)
@@ -193,6 +196,7 @@ class PartialDistributedOptimizer(DistributedOptimizer):
         """Keep ``var``'s gradient local too (Horovod's method)."""
         self._local_vars.append(var)
 
+    @not_converted
     def reduce(self, grads, variables=None):
         """Reduce the shared gradients; the local ones stay (scaled) as they are."""
         if self._skip_reduce or variables is None:

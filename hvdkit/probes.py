@@ -18,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from . import runtime
+from ._autograph import not_converted
 from .backends import build_flags
 from .errors import ConfigurationError
 
@@ -141,7 +142,7 @@ def _topology_op(which: str, name: str | None) -> tf.Tensor:
     return runtime.backend().topology_op(which, name)
 
 
-@tf.autograph.experimental.do_not_convert
+@not_converted
 def rank_op(name: str | None = None) -> tf.Tensor:
     """int32 scalar op with :func:`hvdkit.rank`, read when the op runs, not when traced.
 
@@ -151,7 +152,7 @@ def rank_op(name: str | None = None) -> tf.Tensor:
     return _topology_op("rank", name)
 
 
-@tf.autograph.experimental.do_not_convert
+@not_converted
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """int32 scalar op with :func:`hvdkit.size` (or the size of set ``process_set_id``).
 
@@ -170,13 +171,13 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     return _topology_op("size", name)
 
 
-@tf.autograph.experimental.do_not_convert
+@not_converted
 def local_rank_op(name: str | None = None) -> tf.Tensor:
     """int32 scalar op with :func:`hvdkit.local_rank`, read when the op runs."""
     return _topology_op("local_rank", name)
 
 
-@tf.autograph.experimental.do_not_convert
+@not_converted
 def local_size_op(name: str | None = None) -> tf.Tensor:
     """int32 scalar op with :func:`hvdkit.local_size`, read when the op runs."""
     return _topology_op("local_size", name)

@@ -33,6 +33,7 @@ from typing import Any
 import tensorflow as tf
 
 from . import config, runtime
+from ._autograph import not_converted
 from ._validate import is_int
 from .errors import ConfigurationError, NotSupportedError
 
@@ -103,6 +104,7 @@ class ProcessSet:
             )
         return self.ranks.index(me)
 
+    @not_converted
     def included(self) -> bool | None:
         """Whether this process is one of the set's ranks (``None`` for a set without ranks)."""
         if self.process_set_id == 0:
@@ -304,6 +306,7 @@ def set_size_op(process_set_id: int, name: str | None) -> tf.Tensor:
     return tf.constant(len(_by_id(process_set_id, "size_op").ranks), tf.int32, name=name)
 
 
+@not_converted
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """int32 scalar op: 1 if this process is in the set ``process_set_id``, else 0.
 

@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from . import _compat, _phases, config, environments
+from ._autograph import not_converted
 from ._comm import meeting as _meeting
 from ._comm import progress as _progress
 from ._validate import check_int
@@ -364,6 +365,7 @@ def _join_next_world(start, failed: CollectiveError | None = None) -> int:
         _rejoining = False
 
 
+@not_converted
 def is_initialized() -> bool:
     """Whether ``init()`` has been called (and ``shutdown()`` not since)."""
     return _backend is not None
@@ -386,31 +388,37 @@ def job_rank_size(what: str, fix: str) -> tuple[int, int]:
     return _backend.rank(), _backend.size()
 
 
+@not_converted
 def rank() -> int:
     """This process's index in the job, in ``[0, size())``."""
     return _get().rank()
 
 
+@not_converted
 def size() -> int:
     """Number of processes in the job."""
     return _get().size()
 
 
+@not_converted
 def local_rank() -> int:
     """This process's index among the processes on the same machine."""
     return _get().local_rank()
 
 
+@not_converted
 def local_size() -> int:
     """Number of processes on this machine."""
     return _get().local_size()
 
 
+@not_converted
 def cross_rank() -> int:
     """Index of this machine among the machines of the job."""
     return _get().cross_rank()
 
 
+@not_converted
 def cross_size() -> int:
     """Number of machines with a process of the same ``local_rank()``."""
     return _get().cross_size()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from .._autograph import not_converted
 from .._validate import is_int
 from ..errors import ConfigurationError
 from ._args import rank_and_size
@@ -194,5 +195,4 @@ def slice_inputs_map(layouts, *, rank: int | None = None, size: int | None = Non
             return slice_inputs(element[0], layouts, rank=rank, size=size)
         return slice_inputs(tuple(element), layouts, rank=rank, size=size)
 
-    # no Python control flow on tensors; keeps ConfigurationError unwrapped
-    return tf.autograph.experimental.do_not_convert(slice_element)
+    return not_converted(slice_element)

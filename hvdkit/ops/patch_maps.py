@@ -16,18 +16,13 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives, runtime
+from .._autograph import not_converted
 from .._validate import is_int
 from ..errors import ConfigurationError
 from ._args import rank_and_size
 from .patches import _check_index, _grid, _Plan, slice_patches
 
 __all__ = ["patch_columns", "rank_patch", "replicated_shuffle"]
-
-
-def _no_autograph(fn: Callable) -> Callable:
-    # These maps have no Python control flow on tensors, and AutoGraph would
-    # wrap hvdkit's ConfigurationError (raised while tracing) in a StagingError.
-    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _map_column(element: tuple, column, what: str, transform: Callable, names=None):
@@ -105,7 +100,7 @@ def patch_columns(
     grid = _grid(num_height, num_width, mode, what)
     names = [f"{prefix}{k}" for k in range(grid.num_patches)]
 
-    @_no_autograph
+    @not_converted
     def to_patches(*element):
         return _map_column(
             element,
@@ -193,7 +188,7 @@ def rank_patch(
         plan = _Plan(image, grid, fill_value, data_format, what)
         return plan.x if grid.num_patches == 1 else plan.patch(index)
 
-    return _no_autograph(lambda *element: _map_column(element, column, what, take))
+    return not_converted(lambda *element: _map_column(element, column, what, take))
 
 
 def replicated_shuffle(

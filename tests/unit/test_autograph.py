@@ -1,0 +1,74 @@
+"""AutoGraph converts none of hvdkit's functions when a user's tf.function calls them.
+
+Each conversion parses and rewrites the function and writes it to a temporary file
+(hvdkit/_autograph.py has the measured cost). The spy counts the functions AutoGraph
+converts (its private ``_convert_actual``: if TensorFlow renames it, this test fails at
+``monkeypatch.setattr`` and must be pointed at the new name).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.autograph.impl import api as autograph_api
+
+import hvdkit
+
+
+@pytest.fixture
+def converted(monkeypatch):
+    """The qualified names of the functions AutoGraph converts while the test runs."""
+    names: list[str] = []
+    convert = autograph_api._convert_actual
+
+    def spy(entity, program_ctx):
+        names.append(f"{getattr(entity, '__module__', '?')}.{entity.__qualname__}")
+        return convert(entity, program_ctx)
+
+    monkeypatch.setattr(autograph_api, "_convert_actual", spy)
+    return names
+
+
+def test_a_custom_training_step_converts_only_the_users_own_function(local_runtime, converted):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.5))
+    opt.build(model.trainable_variables)
+    partial = hvdkit.PartialDistributedOptimizer(keras.optimizers.SGD(0.5))
+    partial.build(model.trainable_variables)
+    before = [w.numpy() for w in model.trainable_variables]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_sum(model(x))
+        grads = hvdkit.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        again = hvdkit.PartialDistributedGradientTape(tape).gradient(
+            loss, model.trainable_variables
+        )
+        reduced = hvdkit.reduce_gradients(grads, variables=model.trainable_variables)
+        opt.apply(reduced, model.trainable_variables)
+        opt.apply_gradients(zip(again, model.trainable_variables, strict=True))
+        partial.apply(grads, model.trainable_variables)
+        ranks = hvdkit.rank() + hvdkit.size() + hvdkit.local_rank() + hvdkit.local_size()
+        ranks += hvdkit.cross_rank() + hvdkit.cross_size() + int(hvdkit.is_initialized())
+        ranks += int(hvdkit.global_process_set.included())
+        ops = hvdkit.rank_op() + hvdkit.size_op() + hvdkit.local_rank_op()
+        ops += hvdkit.local_size_op() + hvdkit.process_set_included_op()
+        summed = hvdkit.allreduce(loss, op=hvdkit.Sum) + hvdkit.broadcast(loss, 0)
+        return summed + tf.reduce_sum(hvdkit.allgather(tf.reshape(loss, [1]))), ranks, ops
+
+    x = np.ones((4, 3), "float32")
+    loss = float(tf.reduce_sum(model(x)))
+    total, ranks, ops = step(x)
+
+    assert converted == [f"{__name__}.{step.python_function.__qualname__}"], converted
+    assert int(ranks) == 0 + 1 + 0 + 1 + 0 + 1 + 1 + 1
+    assert int(ops) == 0 + 1 + 0 + 1 + 1
+    # the step really ran (size 1: the collectives return their input): the loss three
+    # times, and three SGD updates (apply, apply_gradients, the partial optimizer) of the
+    # bias by 0.5 x its gradient, 4 per output (a batch of 4)
+    np.testing.assert_allclose(float(total), 3 * loss, rtol=1e-6)
+    np.testing.assert_allclose(model.trainable_variables[1].numpy(), before[1] - 6.0)
