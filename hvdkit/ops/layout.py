@@ -126,6 +126,7 @@ def _slice_one(x: tf.Tensor, layout: Layout, block: tuple[int, ...], what: str) 
         return tf.slice(x, begin, size)
 
 
+@not_converted
 def slice_inputs(inputs, layouts, *, rank: int | None = None, size: int | None = None):
     """This rank's slice of every input, by one layout per input.
 

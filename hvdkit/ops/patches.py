@@ -25,6 +25,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from .._autograph import not_converted
 from .._validate import is_int
 from ..errors import ConfigurationError
 from ._args import positive_int
@@ -269,6 +270,7 @@ def _minimum(a, b):
     return tf.minimum(a, b)
 
 
+@not_converted
 def slice_patches(
     image,
     num_height: int = 1,
@@ -324,6 +326,7 @@ def slice_patches(
     return [plan.patch(k) for k in range(grid.num_patches)]
 
 
+@not_converted
 def merge_patches(
     patches,
     num_height: int,

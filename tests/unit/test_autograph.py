@@ -72,3 +72,24 @@ def test_a_custom_training_step_converts_only_the_users_own_function(local_runti
     # bias by 0.5 x its gradient, 4 per output (a batch of 4)
     np.testing.assert_allclose(float(total), 3 * loss, rtol=1e-6)
     np.testing.assert_allclose(model.trainable_variables[1].numpy(), before[1] - 6.0)
+
+
+def test_patch_ops_in_a_dataset_map_and_a_step_convert_only_the_users_functions(converted):
+    image = np.arange(2 * 6 * 4 * 3, dtype="float32").reshape(2, 6, 4, 3)
+
+    def split_and_join(x):
+        patches = hvdkit.ops.slice_patches(x, 2, 2)  # [4 * batch, 3, 2, 3]
+        return hvdkit.ops.merge_patches(patches, 2, 2)
+
+    joined = next(iter(tf.data.Dataset.from_tensors(image).map(split_and_join))).numpy()
+
+    @tf.function
+    def halves(x):
+        return hvdkit.ops.slice_inputs(x, (1, 2, 1, 1), rank=1, size=2)
+
+    half = halves(image).numpy()
+
+    assert sorted(name.rsplit(".", 1)[-1] for name in converted) == ["halves", "split_and_join"]
+    assert not [name for name in converted if name.startswith("hvdkit")], converted
+    np.testing.assert_array_equal(joined, image)  # merge undoes slice
+    np.testing.assert_array_equal(half, image[:, 3:])  # rank 1 of 2: the lower half
