@@ -36,6 +36,6 @@ def not_converted(fn: F) -> F:
         >>> @not_converted
         ... def reduce_gradients(grads): ...
     """
-    import tensorflow as tf  # here: the launcher imports this layer without TensorFlow
+    import tensorflow as tf  # here, as in _compat: layer 1 never imports TensorFlow itself
 
     return tf.autograph.experimental.do_not_convert(fn)
