@@ -403,6 +403,17 @@ def use_quick_build_checks() -> None:
     launch.mpi_built = quick("mpi", launch.mpi_built)
 
 
+# ``horovodrun --mpi`` puts the Open MPI flags of the module-level list
+# ``horovod.runner.mpi_run._OMPI_FLAGS`` (``-mca pml ob1``, ``-mca btl ^openib``
+# in 0.28.1), read at call time, on the mpirun command line.
+def use_mpirun_btl(value: str) -> None:
+    """Make ``horovodrun --mpi`` in this process pass ``-mca btl value`` (``""``: no btl flag)."""
+    from horovod.runner import mpi_run
+
+    flags = [f for f in mpi_run._OMPI_FLAGS if not f.startswith("-mca btl ")]
+    mpi_run._OMPI_FLAGS = flags + ([f"-mca btl {value}"] if value else [])
+
+
 # When a rank exits non-zero, ``horovodrun --gloo`` (``gloo_run.launch_gloo``)
 # raises a RuntimeError starting with this sentence and naming the first such
 # process and its code; run from the command line it ends in a traceback.

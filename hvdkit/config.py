@@ -60,6 +60,7 @@ SAME_START = "HVDKIT_SAME_START"  # ranks holding different weights at the start
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 CACHE_DIR = "HVDKIT_CACHE_DIR"  # built Horovod wheels (default ~/.cache/hvdkit)
 COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
+GC_FREEZE = "HVDKIT_GC_FREEZE"  # "0": init() leaves Python's garbage collector alone
 DEFAULT_SCHED_TIMEOUT_S = 300.0
 ELASTIC = "HVDKIT_ELASTIC"  # "1": the scheduler lets survivors recover in-process (Gloo)
 ELASTIC_DIR = "HVDKIT_ELASTIC_DIR"  # set by a worker: where it leaves a rank's new assignment

@@ -232,14 +232,19 @@ def test_hvdkitrun_prefixes_lines(tmp_path):
 
 
 YIELD = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: these tests do not trust MPI_ENV
+BTL = "OMPI_MCA_btl"  # mpirun hands its `-mca btl` value to the ranks in this variable
 
 
-def hvdkitrun_with_yield(given: str | None, argv: list[str], tmp_path):
-    """``hvdkitrun *argv`` with ``YIELD`` set to ``given``, or unset (the suite sets it)."""
+def hvdkitrun_with_yield(given: str | None, argv: list[str], tmp_path, btl: str | None = None):
+    """``hvdkitrun *argv`` with ``YIELD`` set to ``given``, or unset (the suite sets it),
+    and ``BTL`` set to ``btl`` or unset."""
     env = launcher_env()
     env.pop(YIELD, None)
+    env.pop(BTL, None)
     if given is not None:
         env[YIELD] = given
+    if btl is not None:
+        env[BTL] = btl
     proc = subprocess.run(
         ["hvdkitrun", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=HANG_S
     )
@@ -248,13 +253,21 @@ def hvdkitrun_with_yield(given: str | None, argv: list[str], tmp_path):
 
 
 @pytest.mark.parametrize(
-    "transport, given, seen",
-    [("mpi", None, "1"), ("mpi", "0", "0"), ("gloo", None, "None")],
+    "transport, given, btl, seen",
+    [
+        ("mpi", None, None, "1 ^openib,ofi"),
+        ("mpi", "0", "self,vader,tcp", "0 self,vader,tcp"),
+        ("gloo", None, None, "None None"),
+    ],
 )
-def test_hvdkitrun_mpi_ranks_yield_while_waiting(tmp_path, transport, given, seen):
-    """MPI jobs get OMPI_MCA_mpi_yield_when_idle=1 (transport.MPI_ENV) unless the user set it."""
-    show = f"import os; print('yield', os.environ.get({YIELD!r}))"
-    proc = hvdkitrun_with_yield(given, ["-np", "2", f"--{transport}", PY, "-c", show], tmp_path)
+def test_hvdkitrun_open_mpi_settings(tmp_path, transport, given, btl, seen):
+    """MPI jobs get OMPI_MCA_mpi_yield_when_idle=1 (transport.MPI_ENV) and, on one
+    machine, Open MPI's ofi layer left out (transport.mpirun_btl), unless the user
+    set these variables: then theirs reach the ranks (horovodrun's own `-mca btl`
+    flag would override OMPI_MCA_btl)."""
+    show = f"import os; print('yield', os.environ.get({YIELD!r}), os.environ.get({BTL!r}))"
+    argv = ["-np", "2", f"--{transport}", PY, "-c", show]
+    proc = hvdkitrun_with_yield(given, argv, tmp_path, btl=btl)
     lines = sorted(line for line in proc.stdout.splitlines() if "] yield " in line)
     assert lines == [f"[rank 0] yield {seen}", f"[rank 1] yield {seen}"], proc.stdout
 

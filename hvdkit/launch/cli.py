@@ -35,7 +35,16 @@ from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
 from .restart import RestartBudget, resume_step
-from .transport import GLOO, MPI, MPI_ENV, busy_cores, choose_transport, mpi_root_env, ranks_yield
+from .transport import (
+    GLOO,
+    MPI,
+    MPI_ENV,
+    busy_cores,
+    choose_transport,
+    mpi_root_env,
+    mpirun_btl,
+    ranks_yield,
+)
 
 EXIT_STALLED = 124  # as timeout(1)
 EXIT_PREEMPTED = config.EXIT_PREEMPTED  # stopped for SIGTERM at a checkpoint: run again
@@ -324,8 +333,11 @@ def _horovodrun_command(transport, np_, hosts, start_timeout, command) -> list[s
     # check does not import TensorFlow, and under Gloo its rendezvous server
     # (which would listen on every interface and answer anyone) is a guarded one.
     remote = _addresses(h for h, _ in hosts if not _is_local(h)) if transport == GLOO else []
-    wrapper = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote), "--"]
-    return [*wrapper, *options, *command]
+    wrapper = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote)]
+    btl = mpirun_btl(all(_is_local(h) for h, _ in hosts), os.environ) if transport == MPI else None
+    if btl is not None:
+        wrapper += ["--btl", btl]
+    return [*wrapper, "--", *options, *command]
 
 
 @dataclass

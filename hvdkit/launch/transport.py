@@ -25,6 +25,16 @@ GLOO, MPI = "gloo", "mpi"
 # ~1.4x faster (docs/performance.md, "Open MPI's waiting ranks").
 YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
 MPI_ENV = {YIELD_VAR: "1"}
+# Open MPI's byte transfer layers: horovodrun passes `-mca btl ^openib`, which
+# overrides the user's own OMPI_MCA_btl and leaves Open MPI 4.1's ofi (libfabric)
+# layer in. That layer's close sleeps 1 s in every rank at the end of every job
+# (native stack: ompi_mpi_finalize -> mca_base_component_close -> mca_btl_ofi.so
+# -> sleep; the Horovod shutdown of a 2-rank job took 1.01 s with it, 0.05 s
+# without). On one machine shared memory carries the whole job, so hvdkitrun
+# leaves ofi out there; between machines Horovod's choice stands (a fabric may be
+# reachable only through libfabric).
+BTL_VAR = "OMPI_MCA_btl"
+ONE_HOST_BTL = "^openib,ofi"
 # Open MPI refuses to start as root without both (containers, CI runners).
 MPI_AS_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -36,6 +46,21 @@ def mpi_root_env() -> dict[str, str]:
     take the same variables from ``python -m hvdkit.launch.transport --root-env``.
     """
     return dict(MPI_AS_ROOT_ENV) if os.geteuid() == 0 else {}
+
+
+def mpirun_btl(one_host: bool, environ: Mapping[str, str]) -> str | None:
+    """The ``-mca btl`` value horovodrun should pass: ``None`` keeps Horovod's, ``""`` none.
+
+    The user's :data:`BTL_VAR` wins (then no flag overrides it); a job on this
+    machine alone gets :data:`ONE_HOST_BTL`; a job across machines Horovod's own.
+
+    Example:
+        >>> mpirun_btl(True, {}), mpirun_btl(False, {}), mpirun_btl(True, {BTL_VAR: "self,tcp"})
+        ('^openib,ofi', None, '')
+    """
+    if environ.get(BTL_VAR):
+        return ""
+    return ONE_HOST_BTL if one_host else None
 
 
 def root_env_exports() -> str:

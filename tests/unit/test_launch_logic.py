@@ -828,3 +828,50 @@ def test_a_workers_program_has_finished_once_each_of_its_ranks_said_bye():
     assert worker._finished(monitor(True, True))
     assert not worker._finished(monitor(True, False))
     assert not worker._finished(monitor())  # no heartbeat yet: nothing has finished
+
+
+# ------------------------------------------------------------------ Open MPI's btl flag
+
+
+def test_mpirun_btl_leaves_ofi_out_on_one_host_and_the_users_choice_alone():
+    from hvdkit.launch.transport import mpirun_btl
+
+    assert mpirun_btl(True, {}) == "^openib,ofi"
+    assert mpirun_btl(False, {}) is None  # across machines: Horovod's own flag
+    assert mpirun_btl(True, {"OMPI_MCA_btl": "self,tcp"}) == ""  # theirs: no flag over it
+    assert mpirun_btl(False, {"OMPI_MCA_btl": "self,tcp"}) == ""
+    assert mpirun_btl(True, {"OMPI_MCA_btl": ""}) == "^openib,ofi"  # empty: not a choice
+
+
+def test_the_hvdkitrun_command_passes_the_btl_rule_to_the_wrapper_under_mpi_only(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_btl", raising=False)
+    local = [("localhost", 2)]
+
+    def wrapper_args(cmd):  # the wrapper's own arguments, before "--"
+        return cmd[cmd.index("hvdkit.launch.guarded_horovodrun") + 1 : cmd.index("--")]
+
+    assert wrapper_args(cli._horovodrun_command("mpi", 2, local, 30, ["prog"])) == [
+        "",
+        "--btl",
+        "^openib,ofi",
+    ]
+    assert wrapper_args(cli._horovodrun_command("gloo", 2, local, 30, ["prog"])) == [""]
+    two_hosts = [("localhost", 1), ("10.9.9.9", 1)]
+    assert wrapper_args(cli._horovodrun_command("mpi", 2, two_hosts, 30, ["prog"])) == [""]
+    monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
+    assert wrapper_args(cli._horovodrun_command("mpi", 2, local, 30, ["prog"])) == ["", "--btl", ""]
+
+
+def test_use_mpirun_btl_replaces_or_drops_horovods_btl_flag(monkeypatch):
+    from horovod.runner import mpi_run
+
+    from hvdkit import _compat
+
+    assert mpi_run._OMPI_FLAGS == ["-mca pml ob1", "-mca btl ^openib"]  # Horovod 0.28.1's
+    monkeypatch.setattr(mpi_run, "_OMPI_FLAGS", list(mpi_run._OMPI_FLAGS))
+    _compat.use_mpirun_btl("^openib,ofi")
+    # what horovodrun --mpi builds its mpirun command from (it asks mpirun which MPI it is)
+    flags, _, impl = mpi_run._get_mpi_implementation_flags(False)
+    assert (impl, flags) == ("OpenMPI", ["-mca pml ob1", "-mca btl ^openib,ofi"])
+    _compat.use_mpirun_btl("")
+    assert mpi_run._OMPI_FLAGS == ["-mca pml ob1"]
