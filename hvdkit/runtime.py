@@ -192,10 +192,11 @@ def _flush_open_files(frozen_files: list[weakref.ref]) -> None:
     """Flush every file still open: those of ``frozen_files`` and those made since."""
     since = (o for o in gc.get_objects() if isinstance(o, io.IOBase))  # frozen ones excluded
     for f in itertools.chain((ref() for ref in frozen_files), since):
-        if f is None or f.closed:
+        if f is None:
             continue
         try:
-            f.flush()
+            if not f.closed:
+                f.flush()
         except (OSError, ValueError):  # a closed pipe, a detached buffer: as at finalization
             pass
 
