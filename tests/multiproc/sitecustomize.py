@@ -15,6 +15,49 @@ import sys
 if os.environ.get("HVDKIT_TEST_SKLEARN") != "1":
     sys.modules.setdefault("sklearn", None)  # "import sklearn" raises ImportError
 
+# Importing TensorFlow and Keras makes about 390 000 objects, and Python's
+# collector, run every 700 new objects, walks them again and again as they come
+# (603 young, 55 middle and 5 full collections: 0.6 of the import's 2.3 CPU-s on
+# the 2-core test machine). The suite's processes import them with the first
+# threshold at 10 000 (the import: 1.9-2.1 CPU-s) and get Python's thresholds
+# back as soon as `tensorflow` is imported, so that programs run with the
+# collector as users have it. hvdkit.init() then freezes what is alive
+# (hvdkit/runtime.py). HVDKIT_TEST_IMPORT_GC=default keeps Python's thresholds.
+if os.environ.get("HVDKIT_TEST_IMPORT_GC") != "default":
+    import gc
+    import importlib.abc
+    import importlib.machinery
+
+    class _ThresholdsBackAfterTensorFlow(importlib.abc.MetaPathFinder):
+        def __init__(self):
+            self.thresholds = gc.get_threshold()
+            gc.set_threshold(10_000, *self.thresholds[1:])
+
+        def restore(self):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            gc.set_threshold(*self.thresholds)
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "tensorflow":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                self.restore()
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_then_restore(module):
+                try:
+                    exec_module(module)
+                finally:
+                    self.restore()
+
+            spec.loader.exec_module = exec_then_restore
+            return spec
+
+    sys.meta_path.insert(0, _ThresholdsBackAfterTensorFlow())
+
 # HVDKIT_TEST_CPU_LOG=<file>: each process appends one JSON line at exit (its CPU
 # seconds, pid, wall seconds, command line and the test that launched it), to see
 # where the suite's CPU goes. Processes killed by a signal write nothing.
