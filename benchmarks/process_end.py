@@ -1,6 +1,6 @@
 """What a process and a job spend after the program's last line, with and without hvdkit's two cuts.
 
-    .venv/bin/python benchmarks/process_end.py              # 5 rounds, ~3 min on 2 cores
+    .venv/bin/python benchmarks/process_end.py              # 5 rounds, ~2 min on 2 cores
     .venv/bin/python benchmarks/process_end.py --rounds 9
 
 1. One process (no launcher) that imports TensorFlow and Keras, calls
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from _common import REPO, job_env, steal_share, write_results
 
+from hvdkit import config
 from hvdkit.launch.transport import cpu_ticks
 
 ONE_PROCESS = """
@@ -62,7 +63,7 @@ print(json.dumps({"shutdown": time.perf_counter() - t0, "at": at}), flush=True)
 def one_process(freeze: str) -> dict[str, float]:
     """CPU and wall seconds after the last line of :data:`ONE_PROCESS` with HVDKIT_GC_FREEZE."""
     env = job_env(HVDKIT_GC_FREEZE=freeze)
-    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for var in config.LAUNCHER_SIZE_VARS:  # a job of size 1
         env.pop(var, None)
     before = os.times()
     proc = subprocess.run(

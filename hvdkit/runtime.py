@@ -15,8 +15,10 @@ import io
 import itertools
 import logging
 import os
+import stat
 import time
 import weakref
+from collections.abc import Iterator
 
 import tensorflow as tf
 
@@ -159,45 +161,69 @@ def init(
         _freeze_startup_objects()
 
 
-# Set once per process: the objects alive at the first init() are frozen then.
+# Set once per process, at the first init(): the objects alive then are frozen,
+# and the files among them are kept (weakly) for the flush at exit.
 _frozen = False
+_frozen_files: list[weakref.ref] = []
 
 
 def _freeze_startup_objects() -> None:
     """At the first ``init()``: collect, then let Python's collector skip what is alive.
 
-    What is alive then is mostly TensorFlow's, Keras's and Horovod's modules
-    (about 320 000 objects in a process that imported TensorFlow and Keras).
-    Python's collector walks them in every full collection (0.23 s each, 0.02 s
-    frozen) and tears them down once more at exit (1.0 CPU-s per process;
-    docs/performance.md, "A process's end"); frozen, they are left to the
-    operating system. What changes: an object in a reference cycle that is
-    still reachable at exit from the modules (a global of the script, say) is
-    not finalized at exit, as Python does not promise either; unclosed files
-    are the one such case that loses data, so every file still open is flushed
-    at exit. Garbage made after ``init()`` is collected and finalized as before.
-    ``HVDKIT_GC_FREEZE=0`` turns all this off.
+    Why, and what it changes (docs/performance.md, "A process's end"): what is
+    alive now, mostly TensorFlow's and Keras's modules, is skipped by every
+    later collection and not torn down at exit; an object alive now that is
+    dropped later in a reference cycle is not freed before the process ends;
+    files on disk still open at exit are flushed (:func:`_flush_files_at_exit`).
+    ``HVDKIT_GC_FREEZE=0`` turns it off.
     """
     global _frozen
     if _frozen:
         return
-    _frozen = True
     gc.collect()  # what is already garbage is finalized now, not frozen
-    files = [weakref.ref(o) for o in gc.get_objects() if isinstance(o, io.IOBase)]
-    gc.freeze()
-    atexit.register(_flush_open_files, files)
-
-
-def _flush_open_files(frozen_files: list[weakref.ref]) -> None:
-    """Flush every file still open: those of ``frozen_files`` and those made since."""
-    since = (o for o in gc.get_objects() if isinstance(o, io.IOBase))  # frozen ones excluded
-    for f in itertools.chain((ref() for ref in frozen_files), since):
-        if f is None:
-            continue
+    for f in _files_among(gc.get_objects()):
         try:
-            if not f.closed:
-                f.flush()
-        except (OSError, ValueError):  # a closed pipe, a detached buffer: as at finalization
+            _frozen_files.append(weakref.ref(f))
+        except TypeError:  # a class registered as a file that takes no weak reference
+            pass
+    gc.freeze()
+    _frozen = True
+
+
+def _files_among(objects) -> Iterator[io.IOBase]:
+    """The ``io`` objects among ``objects``, told by their type (one ABC check per type)."""
+    is_file: dict[type, bool] = {}
+    for o in objects:
+        kind = type(o)
+        if kind not in is_file:
+            try:
+                is_file[kind] = issubclass(kind, io.IOBase)
+            except Exception:  # a type whose subclass hook fails: not one of ours to flush
+                is_file[kind] = False
+        if is_file[kind]:
+            yield o
+
+
+# Registered when hvdkit's runtime is imported, so that it runs after the exit
+# handlers a script registers later (atexit runs the last registered first).
+@atexit.register
+def _flush_files_at_exit() -> None:
+    """After a freeze, flush every file on disk still open (else Python's own end does).
+
+    Frozen, ``__main__`` is not collected at exit, so a file held in a reference
+    cycle by a global of the script would lose what it still buffers. Pipes and
+    sockets are left alone (a flush could block on a peer); so is a file whose
+    state cannot be read.
+    """
+    if not _frozen:
+        return
+    frozen = (ref() for ref in _frozen_files)
+    for f in itertools.chain(frozen, _files_among(gc.get_objects())):  # frozen not listed
+        try:
+            if f is None or f.closed or not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                continue
+            f.flush()
+        except Exception:  # e.g. a detached buffer (ValueError), no fileno (OSError)
             pass
 
 

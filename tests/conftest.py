@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.launch.transport import MPI_ENV, mpi_root_env, mpirun_btl
+from hvdkit.launch.transport import MPI_ENV, mpi_root_env
 
 REPO = Path(__file__).resolve().parents[1]
 MULTIPROC = Path(__file__).resolve().parent / "multiproc"
@@ -105,20 +105,21 @@ def horovodrun(transport: str, *argv, np_: int = 2) -> list[str]:
     ]
 
 
-def horovodrun_as_hvdkitrun_runs_it(transport: str, *argv, env: dict, np_: int = 2) -> list[str]:
-    """:func:`horovodrun`'s command in hvdkitrun's wrapper (hvdkit/launch/guarded_horovodrun.py).
+def horovodrun_as_hvdkitrun_runs_it(transport: str, *argv, np_: int = 2) -> list[str]:
+    """``horovodrun -np N --<transport> python argv...`` as hvdkitrun builds it
+    (``hvdkit.launch.cli._horovodrun_command``: Horovod's horovodrun in hvdkitrun's
+    wrapper, hvdkit/launch/guarded_horovodrun.py).
 
-    The same launch by Horovod's own horovodrun code, without what each start costs
-    there: its build check imports TensorFlow in a forked child (``horovodrun -np 2
-    --gloo python -c pass``: 3.5-3.8 CPU-s, 0.8-0.9 in the wrapper), and under MPI
-    Open MPI's ofi layer sleeps 1 s as the job ends. For the worker scripts, whose
-    subject is hvdkit's API; horovodrun itself, as users type it, is launched by
-    test_launch_mp.py and the examples' and ports' tests.
+    The same launch by Horovod's own code, without what each start costs there:
+    its build check imports TensorFlow in a forked child (performance-record.md,
+    "A process's end"), and under MPI Open MPI's ofi layer sleeps 1 s as the job
+    ends. For the worker scripts, whose subject is hvdkit's API; horovodrun as
+    users type it is launched by test_launch_mp.py and the examples' and ports' tests.
     """
-    btl = mpirun_btl(True, env) if transport == "mpi" else None
-    wrapper = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ""]
-    wrapper += [] if btl is None else ["--btl", btl]
-    return [*wrapper, "--", *horovodrun(transport, *argv, np_=np_)[1:]]
+    from hvdkit.launch import cli
+
+    command = [sys.executable, *map(str, argv)]
+    return cli._horovodrun_command(transport, np_, [("localhost", np_)], 30, command)
 
 
 def start_in_session(cmd: list[str], **kwargs) -> subprocess.Popen:
@@ -231,7 +232,7 @@ def launch(
     env = launcher_env()
     env.update(env_extra or {})
     script_argv = (MULTIPROC / script, outdir, *args)
-    cmd = horovodrun_as_hvdkitrun_runs_it(transport, *script_argv, env=env, np_=np_)
+    cmd = horovodrun_as_hvdkitrun_runs_it(transport, *script_argv, np_=np_)
     code, out, timed_out = run_bounded(cmd, timeout, env=env, cwd=tmp_path)
     return LaunchResult(code, out, outdir, np_, timed_out)
 

@@ -235,7 +235,7 @@ YIELD = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: these tests do not trust 
 BTL = "OMPI_MCA_btl"  # mpirun hands its `-mca btl` value to the ranks in this variable
 
 
-def hvdkitrun_with_yield(given: str | None, argv: list[str], tmp_path, btl: str | None = None):
+def hvdkitrun_with_mpi_vars(given: str | None, argv: list[str], tmp_path, btl: str | None = None):
     """``hvdkitrun *argv`` with ``YIELD`` set to ``given``, or unset (the suite sets it),
     and ``BTL`` set to ``btl`` or unset."""
     env = launcher_env()
@@ -267,7 +267,7 @@ def test_hvdkitrun_open_mpi_settings(tmp_path, transport, given, btl, seen):
     flag would override OMPI_MCA_btl)."""
     show = f"import os; print('yield', os.environ.get({YIELD!r}), os.environ.get({BTL!r}))"
     argv = ["-np", "2", f"--{transport}", PY, "-c", show]
-    proc = hvdkitrun_with_yield(given, argv, tmp_path, btl=btl)
+    proc = hvdkitrun_with_mpi_vars(given, argv, tmp_path, btl=btl)
     lines = sorted(line for line in proc.stdout.splitlines() if "] yield " in line)
     assert lines == [f"[rank 0] yield {seen}", f"[rank 1] yield {seen}"], proc.stdout
 
@@ -276,7 +276,7 @@ def test_hvdkitrun_open_mpi_settings(tmp_path, transport, given, btl, seen):
 def test_hvdkitrun_default_with_more_processes_than_cores(tmp_path, given, expected):
     """Oversubscribed: MPI while its ranks yield (hvdkitrun's default), Gloo if they spin."""
     np_ = (os.cpu_count() or 1) + 2
-    proc = hvdkitrun_with_yield(given, ["-np", str(np_), PY, "-c", "pass"], tmp_path)
+    proc = hvdkitrun_with_mpi_vars(given, ["-np", str(np_), PY, "-c", "pass"], tmp_path)
     said = re.findall(rf"hvdkitrun: transport (\w+) \({np_} processes, ", proc.stderr)
     assert said == [expected], proc.stderr
 

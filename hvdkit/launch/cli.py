@@ -334,7 +334,8 @@ def _horovodrun_command(transport, np_, hosts, start_timeout, command) -> list[s
     # (which would listen on every interface and answer anyone) is a guarded one.
     remote = _addresses(h for h, _ in hosts if not _is_local(h)) if transport == GLOO else []
     wrapper = [sys.executable, "-m", "hvdkit.launch.guarded_horovodrun", ",".join(remote)]
-    btl = mpirun_btl(all(_is_local(h) for h, _ in hosts), os.environ) if transport == MPI else None
+    one_host = all(_is_this_machine(h) for h, _ in hosts)
+    btl = mpirun_btl(one_host, os.environ) if transport == MPI else None
     if btl is not None:
         wrapper += ["--btl", btl]
     return [*wrapper, "--", *options, *command]

@@ -27,12 +27,10 @@ YIELD_VAR = "OMPI_MCA_mpi_yield_when_idle"
 MPI_ENV = {YIELD_VAR: "1"}
 # Open MPI's byte transfer layers: horovodrun passes `-mca btl ^openib`, which
 # overrides the user's own OMPI_MCA_btl and leaves Open MPI 4.1's ofi (libfabric)
-# layer in. That layer's close sleeps 1 s in every rank at the end of every job
-# (native stack: ompi_mpi_finalize -> mca_base_component_close -> mca_btl_ofi.so
-# -> sleep; the Horovod shutdown of a 2-rank job took 1.01 s with it, 0.05 s
-# without). On one machine shared memory carries the whole job, so hvdkitrun
-# leaves ofi out there; between machines Horovod's choice stands (a fabric may be
-# reachable only through libfabric).
+# layer in, whose close sleeps 1 s in every rank at the end of every job
+# (performance-record.md, "A process's end"). On one machine shared memory
+# carries the whole job, so hvdkitrun leaves ofi out there; between machines
+# Horovod's choice stands (a fabric may be reachable only through libfabric).
 BTL_VAR = "OMPI_MCA_btl"
 ONE_HOST_BTL = "^openib,ofi"
 # Open MPI refuses to start as root without both (containers, CI runners).

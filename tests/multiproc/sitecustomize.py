@@ -15,46 +15,54 @@ import sys
 if os.environ.get("HVDKIT_TEST_SKLEARN") != "1":
     sys.modules.setdefault("sklearn", None)  # "import sklearn" raises ImportError
 
-# Importing TensorFlow and Keras makes about 390 000 objects, and Python's
+# Importing TensorFlow and Keras makes some 300 000 objects, and Python's
 # collector, run every 700 new objects, walks them again and again as they come
 # (603 young, 55 middle and 5 full collections: 0.6 of the import's 2.3 CPU-s on
-# the 2-core test machine). The suite's processes import them with the first
-# threshold at 10 000 (the import: 1.9-2.1 CPU-s) and get Python's thresholds
-# back as soon as `tensorflow` is imported, so that programs run with the
-# collector as users have it. hvdkit.init() then freezes what is alive
-# (hvdkit/runtime.py). HVDKIT_TEST_IMPORT_GC=default keeps Python's thresholds.
+# the 2-core test machine; performance-record.md, "A process's end"). The
+# suite's processes import them with the first threshold at 10 000 and get
+# Python's thresholds back once `tensorflow` is imported, so that programs run
+# with the collector as users have it (processes that never import TensorFlow,
+# the launchers, keep 10 000). HVDKIT_TEST_IMPORT_GC=default keeps Python's.
 if os.environ.get("HVDKIT_TEST_IMPORT_GC") != "default":
     import gc
     import importlib.abc
     import importlib.machinery
 
     class _ThresholdsBackAfterTensorFlow(importlib.abc.MetaPathFinder):
+        """Finds nothing itself; wraps the loader of `tensorflow` to restore the thresholds."""
+
         def __init__(self):
             self.thresholds = gc.get_threshold()
+            self.done = False
             gc.set_threshold(10_000, *self.thresholds[1:])
 
-        def restore(self):
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            gc.set_threshold(*self.thresholds)
-
         def find_spec(self, name, path=None, target=None):
-            if name != "tensorflow":
+            if self.done or name != "tensorflow":
                 return None
+            self.done = True  # once: a later import of it is Python's alone
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None or spec.loader is None:
-                self.restore()
-                return spec
-            exec_module = spec.loader.exec_module
-
-            def exec_then_restore(module):
-                try:
-                    exec_module(module)
-                finally:
-                    self.restore()
-
-            spec.loader.exec_module = exec_then_restore
+                gc.set_threshold(*self.thresholds)
+                return None  # the other finders look for it as usual
+            spec.loader = _RestoringLoader(spec.loader, self.thresholds)
             return spec
+
+    class _RestoringLoader(importlib.abc.Loader):
+        def __init__(self, loader, thresholds):
+            self.loader, self.thresholds = loader, thresholds
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            module.__spec__.loader = module.__loader__ = self.loader  # the module sees its own
+            try:
+                self.loader.exec_module(module)
+            finally:
+                gc.set_threshold(*self.thresholds)
+
+        def __getattr__(self, name):  # get_resource_reader, is_package, ...
+            return getattr(self.loader, name)
 
     sys.meta_path.insert(0, _ThresholdsBackAfterTensorFlow())
 

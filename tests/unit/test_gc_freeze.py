@@ -29,12 +29,14 @@ def first_init(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     hvdkit.shutdown()
     monkeypatch.setattr(runtime, "_frozen", False)
+    monkeypatch.setattr(runtime, "_frozen_files", [])
     gc.disable()  # only init()'s own collection may free what the test leaves
     try:
         yield
     finally:
         gc.enable()
         hvdkit.shutdown()
+        gc.unfreeze()  # this pytest process as the other tests found it (never frozen twice)
 
 
 def test_the_first_init_finalizes_garbage_and_freezes_the_living_once(first_init):
@@ -113,3 +115,24 @@ def test_unclosed_files_are_written_out_at_exit(tmp_path):
         frozen = int(done.stdout.split()[-1])
         # TensorFlow's and Keras's modules (runtime imports TensorFlow): 300 000+ here
         assert frozen > 100_000 if freeze == "1" else frozen == 0
+
+
+def test_the_exit_flush_writes_files_on_disk_only_and_survives_odd_objects(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "_frozen", True)
+    monkeypatch.setattr(runtime, "_frozen_files", [])
+    on_disk = open(tmp_path / "on_disk.txt", "w")
+    read_end, write_end = os.pipe()
+    pipe = open(write_end, "wb")
+    os.set_blocking(read_end, False)
+    try:
+        on_disk.write("buffered")
+        pipe.write(b"buffered")
+        assert list(runtime._files_among([1, "text", on_disk, pipe])) == [on_disk, pipe]
+        runtime._flush_files_at_exit()
+        assert (tmp_path / "on_disk.txt").read_text() == "buffered"
+        with pytest.raises(BlockingIOError):  # a pipe is left alone (a flush may block)
+            os.read(read_end, 100)
+    finally:
+        on_disk.close()
+        pipe.close()
+        os.close(read_end)

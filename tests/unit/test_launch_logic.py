@@ -870,7 +870,8 @@ def test_use_mpirun_btl_replaces_or_drops_horovods_btl_flag(monkeypatch):
     assert mpi_run._OMPI_FLAGS == ["-mca pml ob1", "-mca btl ^openib"]  # Horovod 0.28.1's
     monkeypatch.setattr(mpi_run, "_OMPI_FLAGS", list(mpi_run._OMPI_FLAGS))
     _compat.use_mpirun_btl("^openib,ofi")
-    # what horovodrun --mpi builds its mpirun command from (it asks mpirun which MPI it is)
+    # what horovodrun --mpi builds its mpirun command from, told it is Open MPI
+    monkeypatch.setattr(mpi_run, "is_open_mpi", lambda env=None: True)
     flags, _, impl = mpi_run._get_mpi_implementation_flags(False)
     assert (impl, flags) == ("OpenMPI", ["-mca pml ob1", "-mca btl ^openib,ofi"])
     _compat.use_mpirun_btl("")
