@@ -328,6 +328,23 @@ def use_horovodrun_rendezvous(factory) -> None:
     gloo_run.launch_gloo = launch_gloo
 
 
+# ``horovodrun --gloo`` starts each rank as ``<its layout variables> <the launching
+# environment> <command>`` (gloo_run._slot_info_to_command_fn), so a layout variable
+# left in the environment horovodrun runs in (a shell that exported HOROVOD_RANK, a
+# script started from another job's rank) overrides every rank's own: all ranks get
+# the same rank, and Horovod's start waits out its timeout. Under MPI, mpirun hands
+# them to the ranks too, where hvdkit and Horovod's runner read HOROVOD_RANK first.
+HOROVODRUN_LAYOUT_VARIABLES = (
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+)
+
+
 # ``horovodrun --gloo`` relays each rank's output through
 # ``safe_shell_exec.prefix_connection``, which decodes strictly: the first byte
 # that is not UTF-8 kills its thread, the rank's pipe fills and the rank blocks

@@ -269,6 +269,31 @@ class WorkerRun:
         return self._results[transport]
 
 
+@pytest.fixture(autouse=True)
+def environment_left_as_found():
+    """Every test leaves ``os.environ`` as it found it, or fails naming what it changed.
+
+    A variable left behind reaches every job the same pytest worker launches
+    later: a unit test's leaked ``HOROVOD_RANK=0`` once gave both ranks of the
+    next ``hvdkitrun`` job rank 0 (horovodrun hands the launching environment to
+    the ranks after their own layout). The environment is put back either way.
+    """
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    for seen in (before, after):  # pytest's own, set for each phase of each test
+        seen.pop("PYTEST_CURRENT_TEST", None)
+    if after != before:
+        for key in after.keys() - before.keys():
+            del os.environ[key]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(
+            f"the test left os.environ changed: {changed}; set variables with monkeypatch",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(params=TRANSPORTS)
 def transport(request):
     return request.param

@@ -221,14 +221,22 @@ def test_hvdkitrun_log_files_hold_each_ranks_lines_exactly(transport, tmp_path):
 
 
 def test_hvdkitrun_prefixes_lines(tmp_path):
+    """...and a rank's layout left in the launching shell does not reach the ranks (under
+    horovodrun it overrides each rank's own: both ranks were rank 0, and Horovod's start
+    waited out its timeout)."""
     code = (
         "import hvdkit, os; hvdkit.init(); "
-        "print('hi', hvdkit.rank(), os.environ['HOROVOD_CONTROLLER'])"
+        "print('hi', hvdkit.rank(), os.environ['HOROVOD_CONTROLLER'], os.environ['HOROVOD_RANK'])"
     )
     # --gloo: the default transport depends on the machine's load (launch/transport.py)
-    proc = run([str(VENV_BIN / "hvdkitrun"), "-np", "2", "--gloo", PY, "-c", code], tmp_path)
+    proc = run(
+        [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--gloo", PY, "-c", code],
+        tmp_path,
+        env_extra={"HOROVOD_RANK": "0", "HOROVOD_LOCAL_RANK": "0"},
+    )
     assert proc.returncode == 0, proc.output
-    assert "[rank 0] hi 0 gloo" in proc.stdout and "[rank 1] hi 1 gloo" in proc.stdout
+    assert "[rank 0] hi 0 gloo 0" in proc.stdout and "[rank 1] hi 1 gloo 1" in proc.stdout
+    assert "not passing HOROVOD_RANK=0, HOROVOD_LOCAL_RANK=0 from this environment" in proc.stderr
 
 
 YIELD = "OMPI_MCA_mpi_yield_when_idle"  # spelled out: these tests do not trust MPI_ENV

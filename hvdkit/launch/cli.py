@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .. import config
+from .. import _compat, config
 from ..errors import LaunchError
 from . import auth, processes, restart, slurm
 from .failures import failing_rank, reported_endings, root_cause
@@ -226,7 +226,7 @@ def run(argv: list[str] | None = None) -> int:
     checkpoint_dir = args.checkpoint_dir or config.get(config.CHECKPOINT_DIR)
     _require_horovodrun()
     token, token_file = _job_token()
-    env = _ranks_env(transport, token, checkpoint_dir, stall)
+    env, left = _ranks_env(transport, token, checkpoint_dir, stall)
     cmd = _horovodrun_command(transport, np_, hosts, args.start_timeout, command)
     own_file = None  # a token file hvdkitrun wrote, removed when it ends
     if transport == GLOO:
@@ -236,6 +236,11 @@ def run(argv: list[str] | None = None) -> int:
     out = RankOutput(args.log_dir, prefix=not args.no_prefix)
     if announce:
         out.launcher_line(announce)
+    if left:
+        out.launcher_line(
+            f"hvdkitrun: not passing {', '.join(left)} from this environment to the ranks: "
+            "horovodrun gives each rank its own (unset them to silence this)."
+        )
     job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
     try:
         return _run_with_restarts(job, budget, checkpoint_dir)
@@ -303,9 +308,17 @@ def _job_token() -> tuple[str, str | None]:
     return config.get(config.JOB_TOKEN) or secrets.token_hex(16), None
 
 
-def _ranks_env(transport: str, token: str, checkpoint_dir: str | None, stall: float) -> dict:
-    """The environment horovodrun passes to the ranks (without the token file's path)."""
+def _ranks_env(
+    transport: str, token: str, checkpoint_dir: str | None, stall: float
+) -> tuple[dict, list[str]]:
+    """The environment horovodrun passes to the ranks (without the token file's path), and
+    the ``NAME=value`` of each layout variable of this environment left out of it.
+
+    A layout variable (``HOROVOD_RANK``, ...; :data:`hvdkit._compat.HOROVODRUN_LAYOUT_VARIABLES`)
+    set where hvdkitrun runs would override every rank's own under horovodrun.
+    """
     env = processes.program_env(dict(os.environ))
+    left = [f"{k}={env.pop(k)}" for k in _compat.HOROVODRUN_LAYOUT_VARIABLES if k in env]
     if transport == GLOO:
         # horovodrun's Gloo launcher starts each rank as `env K=V ... python ...`,
         # the whole environment on a command line every local user can read:
@@ -322,7 +335,7 @@ def _ranks_env(transport: str, token: str, checkpoint_dir: str | None, stall: fl
         for key, value in MPI_ENV.items():
             env.setdefault(key, value)
         env.update(mpi_root_env())
-    return env
+    return env, left
 
 
 def _horovodrun_command(transport, np_, hosts, start_timeout, command) -> list[str]:

@@ -23,6 +23,8 @@ def folder(monkeypatch, tmp_path):
     monkeypatch.setenv(config.RESTART_COUNT, "2")
     monkeypatch.setenv(config.SCHED_TIMEOUT, "30")
     monkeypatch.setattr(_meeting, "_after_failed_start_s", lambda: 0.3)
+    # the worker's word writes this process's rank into os.environ (meeting.take)
+    monkeypatch.setenv("HOROVOD_RANK", "2")
     return str(tmp_path)
 
 
@@ -33,8 +35,7 @@ def offer(folder: str, round_: int, rank: int) -> None:
     _meeting.write(folder, _meeting.GO, str(round_))
 
 
-def test_a_failed_start_starts_again_in_each_next_world_until_one_starts(folder, monkeypatch):
-    monkeypatch.setenv("HOROVOD_RANK", "2")
+def test_a_failed_start_starts_again_in_each_next_world_until_one_starts(folder):
     offer(folder, 3, rank=1)
     starts = []
 

@@ -876,3 +876,27 @@ def test_use_mpirun_btl_replaces_or_drops_horovods_btl_flag(monkeypatch):
     assert (impl, flags) == ("OpenMPI", ["-mca pml ob1", "-mca btl ^openib,ofi"])
     _compat.use_mpirun_btl("")
     assert mpi_run._OMPI_FLAGS == ["-mca pml ob1"]
+
+
+def test_layout_variables_of_hvdkitruns_environment_do_not_reach_the_ranks(monkeypatch):
+    from horovod.runner import gloo_run
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    from hvdkit import _compat
+
+    # the variables horovodrun --gloo sets per rank, as Horovod 0.28.1 builds them
+    slot = SlotInfo("h", rank=1, local_rank=1, cross_rank=0, size=2, local_size=2, cross_size=1)
+    assert set(gloo_run.create_slot_env_vars(slot)) == set(_compat.HOROVODRUN_LAYOUT_VARIABLES)
+    for name in _compat.HOROVODRUN_LAYOUT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOROVOD_SIZE", "7")
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2")  # a setting, not a layout: passed on
+    for transport in ("gloo", "mpi"):
+        env, left = cli._ranks_env(transport, "ab" * 16, None, 60.0)
+        assert left == ["HOROVOD_RANK=0", "HOROVOD_SIZE=7"], transport
+        assert not set(env) & set(_compat.HOROVODRUN_LAYOUT_VARIABLES), transport
+        assert env["HOROVOD_CYCLE_TIME"] == "2", transport
+    for name in ("HOROVOD_SIZE", "HOROVOD_RANK"):
+        monkeypatch.delenv(name)
+    assert cli._ranks_env("gloo", "ab" * 16, None, 60.0)[1] == []
