@@ -131,7 +131,7 @@ def jobs(transport, tmp_path_factory) -> Scenarios:
 def reference(jobs: Scenarios) -> Job:
     """The same training without faults: one run per test run, under hvdkitrun
     (conftest.uninterrupted_fit, shared with test_restart_mp and test_preemption_mp)."""
-    shared = uninterrupted_fit(jobs.tmp_path_factory, jobs.transport)  # first: it may fail
+    shared = uninterrupted_fit(jobs.tmp_path_factory)  # first: it may fail
     job = Job(jobs.root, "reference", jobs.transport)
     if not job.out.exists():
         job.dir.mkdir(exist_ok=True)

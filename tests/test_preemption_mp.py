@@ -139,7 +139,7 @@ def hvdkitrun(transport: str, out: Path, attempt: int, *extra: str) -> list[str]
 def test_sigterm_stops_hvdkitrun_at_a_common_step_and_the_rerun_loses_nothing(
     tmp_path, tmp_path_factory, transport, target
 ):
-    ref = uninterrupted_fit(tmp_path_factory, transport)
+    ref = uninterrupted_fit(tmp_path_factory)
     out = tmp_path / "job"
     out.mkdir()
     job = Job(tmp_path)
@@ -181,7 +181,7 @@ def scheduler_job(tmp_path: Path, out: Path, attempt: int, port: int, *extra: st
 def test_sigterm_to_the_scheduler_or_a_worker_preempts_the_job_and_the_rerun_loses_nothing(
     tmp_path, tmp_path_factory, target
 ):
-    ref = uninterrupted_fit(tmp_path_factory, "gloo")  # the scheduler's ranks run over Gloo
+    ref = uninterrupted_fit(tmp_path_factory)
     out = tmp_path / "job"
     out.mkdir()
     port = free_port()
