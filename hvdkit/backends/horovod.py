@@ -106,8 +106,21 @@ def _start(process_sets) -> None:
         raise CollectiveError(
             "Horovod could not start: a peer died or stopped answering while the ranks "
             f"connected (within {config.GLOO_TIMEOUT}); Horovod's log line above says "
-            "what failed. In an elastic job the rank waits for the next world."
+            f"what failed.{_given_layout()} In an elastic job the rank waits for the next world."
         ) from exc
+
+
+def _given_layout() -> str:
+    """Under Gloo, the rank this process was started as, and the pitfall that gives every
+    rank the same one (hvdkit._compat.HOROVODRUN_LAYOUT_VARIABLES)."""
+    rank, size = config.get(config.HOROVOD_RANK), config.get(config.HOROVOD_SIZE)
+    if rank is None:
+        return ""
+    return (
+        f" This process was started as rank {rank} of {size} ({config.HOROVOD_RANK}, "
+        f"{config.HOROVOD_SIZE}): if another rank says the same, these were set where "
+        "horovodrun ran and override each rank's own; unset them (hvdkitrun leaves them out)."
+    )
 
 
 class HorovodBackend(Backend):

@@ -116,3 +116,33 @@ def test_peer_lost_reads_the_cause_chain(text, lost):
             raise CollectiveError("broadcast failed") from inner
     except CollectiveError as exc:
         assert _meeting.peer_lost(exc) is lost
+
+
+@pytest.mark.parametrize("given", [None, ("0", "2")])
+def test_a_failed_horovod_start_says_which_rank_this_process_was_given(monkeypatch, given):
+    """Under horovodrun --gloo a HOROVOD_RANK left in the launching shell gives every rank
+    the same rank: the failed start's message shows the rank, so two equal ones show it."""
+    from hvdkit.backends import horovod as backend
+
+    class FailingHorovod:
+        shut_down = 0
+
+        def init(self, process_sets=None):
+            raise ValueError(f"{backend._INIT_FAILED}: rank 1 did not come to the rendezvous")
+
+        def shutdown(self):
+            self.shut_down += 1
+
+    fake = FailingHorovod()
+    monkeypatch.setattr(backend, "hvd", fake)
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    monkeypatch.delenv("HOROVOD_SIZE", raising=False)
+    if given:
+        monkeypatch.setenv("HOROVOD_RANK", given[0])
+        monkeypatch.setenv("HOROVOD_SIZE", given[1])
+    with pytest.raises(CollectiveError, match="Horovod could not start") as info:
+        backend._start(process_sets=None)
+    assert fake.shut_down == 1
+    shown = "This process was started as rank 0 of 2 (HOROVOD_RANK, HOROVOD_SIZE)"
+    assert (shown in str(info.value)) == bool(given), str(info.value)
+    assert str(info.value).endswith("In an elastic job the rank waits for the next world.")
