@@ -28,6 +28,7 @@ import functools
 import ipaddress
 import socket
 
+from . import config
 from .errors import ConfigurationError, LaunchError
 
 # Horovod 0.28.1's ``horovod.tensorflow.keras.DistributedOptimizer`` accepts a
@@ -333,11 +334,13 @@ def use_horovodrun_rendezvous(factory) -> None:
 # left in the environment horovodrun runs in (a shell that exported HOROVOD_RANK, a
 # script started from another job's rank) overrides every rank's own: all ranks get
 # the same rank, and Horovod's start waits out its timeout. Under MPI, mpirun hands
-# them to the ranks too, where hvdkit and Horovod's runner read HOROVOD_RANK first.
+# them to the ranks too (``-x``), where hvdkit takes HOROVOD_SIZE before Open MPI's
+# size (config.LAUNCHER_SIZE_VARS) and Horovod's runner HOROVOD_RANK/HOROVOD_SIZE
+# before Open MPI's (runner.common.util.env.get_env_rank_and_size).
 HOROVODRUN_LAYOUT_VARIABLES = (
     "HOROVOD_HOSTNAME",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
+    config.HOROVOD_RANK,
+    config.HOROVOD_SIZE,
     "HOROVOD_LOCAL_RANK",
     "HOROVOD_LOCAL_SIZE",
     "HOROVOD_CROSS_RANK",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdkit._compat import HOROVODRUN_LAYOUT_VARIABLES
 from hvdkit.launch.transport import MPI_ENV, mpi_root_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,9 +27,11 @@ def launcher_env(sklearn: bool = False) -> dict:
     """The environment of the jobs the suite launches.
 
     ``sklearn``: the processes may import scikit-learn (the examples' data);
-    otherwise they start without it (tests/multiproc/sitecustomize.py).
+    otherwise they start without it (tests/multiproc/sitecustomize.py). Without
+    horovodrun's layout variables (a ``HOROVOD_RANK`` of pytest's own environment
+    would override each rank's under plain horovodrun: hvdkit/_compat.py).
     """
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in HOROVODRUN_LAYOUT_VARIABLES}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join([str(MULTIPROC), str(REPO)])
     env["HVDKIT_TEST_SKLEARN"] = "1" if sklearn else "0"
@@ -274,20 +277,30 @@ class WorkerRun:
         return self._results[transport]
 
 
+# What the jobs a test launches read from the environment it passes on: Horovod's,
+# hvdkit's (and MindSpore's names for them), Open MPI's, PMI's and Slurm's variables.
+# (Imports set others on their first run, whichever test that is: TensorFlow sets
+# TF2_BEHAVIOR, KMP_*, TPU_ML_PLATFORM, h5py HDF5_PLUGIN_PATH; those are not checked.)
+LAUNCH_PREFIXES = ("HOROVOD_", "HVDKIT_", "MS_", "OMPI_", "PMI_", "PMIX_", "SLURM_")
+
+
 @pytest.fixture(autouse=True)
 def environment_left_as_found():
-    """Every test leaves ``os.environ`` as it found it, or fails naming what it changed.
+    """Every test leaves the launch variables of ``os.environ`` (:data:`LAUNCH_PREFIXES`)
+    as it found them, or fails naming what it changed.
 
     A variable left behind reaches every job the same pytest worker launches
     later: a unit test's leaked ``HOROVOD_RANK=0`` once gave both ranks of the
     next ``hvdkitrun`` job rank 0 (horovodrun hands the launching environment to
-    the ranks after their own layout). The environment is put back either way.
+    the ranks after their own layout). They are put back either way.
     """
-    before = dict(os.environ)
+
+    def launch_vars() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(LAUNCH_PREFIXES)}
+
+    before = launch_vars()
     yield
-    after = dict(os.environ)
-    for seen in (before, after):  # pytest's own, set for each phase of each test
-        seen.pop("PYTEST_CURRENT_TEST", None)
+    after = launch_vars()
     if after != before:
         for key in after.keys() - before.keys():
             del os.environ[key]

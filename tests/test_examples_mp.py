@@ -100,9 +100,8 @@ def newest_checkpoint_step(folder: Path) -> int:
 def uninterrupted_example(tmp_path_factory) -> re.Match:
     """The fault-tolerant example's fingerprint line, run once without a fault (over Gloo).
 
-    It is the reference of both transports: with 2 ranks an averaged gradient is one
-    addition of two numbers, the same bits over Gloo and MPI (the two runs printed the
-    same fingerprint).
+    It is the reference of both transports (why that holds: conftest.uninterrupted_fit;
+    this example printed the same fingerprint over both).
     """
 
     def make(folder: Path) -> None:

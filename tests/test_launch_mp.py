@@ -223,7 +223,7 @@ def test_hvdkitrun_log_files_hold_each_ranks_lines_exactly(transport, tmp_path):
 def test_hvdkitrun_prefixes_lines(tmp_path):
     """...and a rank's layout left in the launching shell does not reach the ranks (under
     horovodrun it overrides each rank's own: both ranks were rank 0, and Horovod's start
-    waited out its timeout)."""
+    waited out its timeout). In this test because it is the quick tier's one 2-rank job."""
     code = (
         "import hvdkit, os; hvdkit.init(); "
         "print('hi', hvdkit.rank(), os.environ['HOROVOD_CONTROLLER'], os.environ['HOROVOD_RANK'])"

@@ -62,8 +62,7 @@ _BASELINE: list[np.ndarray] = []
 
 def baseline(tmp_path_factory) -> np.ndarray:
     """Final weights of the uninterrupted job, run once over Gloo: the reference of both
-    transports (2 ranks average by one addition of two numbers, the same bits over Gloo
-    and MPI: conftest.uninterrupted_fit)."""
+    transports (why that holds: conftest.uninterrupted_fit)."""
     if not _BASELINE:
         root = tmp_path_factory.mktemp("baseline")
         proc, out = hvdkitrun(root, "job", "gloo")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat, config
+from .. import _compat, config, environments
 from .._comm import graph_progress as _graph_progress
 from .._comm import priority_trial as _priority_trial
 from .._comm import sockets as _sockets
@@ -111,15 +112,20 @@ def _start(process_sets) -> None:
 
 
 def _given_layout() -> str:
-    """Under Gloo, the rank this process was started as, and the pitfall that gives every
-    rank the same one (hvdkit._compat.HOROVODRUN_LAYOUT_VARIABLES)."""
+    """The rank this process was started as (Horovod's Gloo launchers set it) and, under
+    plain ``horovodrun --gloo``, the pitfall that gives every rank the same one
+    (hvdkit._compat.HOROVODRUN_LAYOUT_VARIABLES); "" when the variables are not set."""
     rank, size = config.get(config.HOROVOD_RANK), config.get(config.HOROVOD_SIZE)
-    if rank is None:
+    if rank is None or size is None:
         return ""
+    said = f" This process was started as rank {rank} of {size}."
+    by_hvdkit = config.get(config.MONITOR_ADDR) or os.environ.get(environments.STEP_NUM_TASKS)
+    if by_hvdkit or config.get(environments.CONTROLLER) != "gloo":
+        return said  # hvdkitrun, a worker and srun's tasks set each rank's own
     return (
-        f" This process was started as rank {rank} of {size} ({config.HOROVOD_RANK}, "
-        f"{config.HOROVOD_SIZE}): if another rank says the same, these were set where "
-        "horovodrun ran and override each rank's own; unset them (hvdkitrun leaves them out)."
+        f"{said[:-1]} ({config.HOROVOD_RANK}, {config.HOROVOD_SIZE}): if another rank says "
+        "the same, these were set where horovodrun ran and override each rank's own; unset "
+        "them (hvdkitrun leaves them out)."
     )
 
 

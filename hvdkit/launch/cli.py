@@ -239,7 +239,7 @@ def run(argv: list[str] | None = None) -> int:
     if left:
         out.launcher_line(
             f"hvdkitrun: not passing {', '.join(left)} from this environment to the ranks: "
-            "horovodrun gives each rank its own (unset them to silence this)."
+            "the launcher gives each rank its own (unset them to silence this)."
         )
     job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
     try:

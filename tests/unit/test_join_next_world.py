@@ -118,10 +118,21 @@ def test_peer_lost_reads_the_cause_chain(text, lost):
         assert _meeting.peer_lost(exc) is lost
 
 
-@pytest.mark.parametrize("given", [None, ("0", "2")])
-def test_a_failed_horovod_start_says_which_rank_this_process_was_given(monkeypatch, given):
-    """Under horovodrun --gloo a HOROVOD_RANK left in the launching shell gives every rank
-    the same rank: the failed start's message shows the rank, so two equal ones show it."""
+@pytest.mark.parametrize(
+    "given, launcher, advised",
+    [
+        (None, {}, False),
+        (("0", "2"), {"HOROVOD_CONTROLLER": "gloo"}, True),  # plain horovodrun --gloo
+        (("0", "2"), {"HOROVOD_CONTROLLER": "gloo", "HVDKIT_MONITOR_ADDR": "x"}, False),
+        (("0", "2"), {"HOROVOD_CONTROLLER": "mpi"}, False),
+    ],
+)
+def test_a_failed_horovod_start_says_which_rank_this_process_was_given(
+    monkeypatch, given, launcher, advised
+):
+    """Under plain horovodrun --gloo a HOROVOD_RANK left in the launching shell gives every
+    rank the same rank: the failed start's message shows the rank, so two equal ones show
+    it, and says why; under hvdkit's launchers (which set each rank's own) the rank only."""
     from hvdkit.backends import horovod as backend
 
     class FailingHorovod:
@@ -135,14 +146,18 @@ def test_a_failed_horovod_start_says_which_rank_this_process_was_given(monkeypat
 
     fake = FailingHorovod()
     monkeypatch.setattr(backend, "hvd", fake)
-    monkeypatch.delenv("HOROVOD_RANK", raising=False)
-    monkeypatch.delenv("HOROVOD_SIZE", raising=False)
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_CONTROLLER", "HVDKIT_MONITOR_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
     if given:
         monkeypatch.setenv("HOROVOD_RANK", given[0])
         monkeypatch.setenv("HOROVOD_SIZE", given[1])
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(CollectiveError, match="Horovod could not start") as info:
         backend._start(process_sets=None)
+    said = str(info.value)
     assert fake.shut_down == 1
-    shown = "This process was started as rank 0 of 2 (HOROVOD_RANK, HOROVOD_SIZE)"
-    assert (shown in str(info.value)) == bool(given), str(info.value)
-    assert str(info.value).endswith("In an elastic job the rank waits for the next world.")
+    assert ("This process was started as rank 0 of 2" in said) == bool(given), said
+    assert ("set where horovodrun ran" in said) == advised, said
+    assert said.endswith("In an elastic job the rank waits for the next world.")
