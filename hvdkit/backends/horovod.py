@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,9 +118,10 @@ def _given_layout() -> str:
     if rank is None or size is None:
         return ""
     said = f" This process was started as rank {rank} of {size}."
-    by_hvdkit = config.get(config.MONITOR_ADDR) or os.environ.get(environments.STEP_NUM_TASKS)
-    if by_hvdkit or config.get(environments.CONTROLLER) != "gloo":
-        return said  # hvdkitrun, a worker and srun's tasks set each rank's own
+    # hvdkitrun and a worker (both give the heartbeat address), srun's tasks: each rank's own
+    set_per_rank = config.get(config.MONITOR_ADDR) or config.get(environments.STEP_NUM_TASKS)
+    if set_per_rank or config.get(environments.CONTROLLER) != "gloo":
+        return said
     return (
         f"{said[:-1]} ({config.HOROVOD_RANK}, {config.HOROVOD_SIZE}): if another rank says "
         "the same, these were set where horovodrun ran and override each rank's own; unset "
