@@ -419,8 +419,9 @@ def pytest_terminal_summary(terminalreporter):
 # HVDKIT_TEST_CGROUP_LOG=<file> (root, cgroup v1's cpuacct): each pytest worker
 # moves itself into a cgroup of its own, and every test's CPU, with that of every
 # process it started (killed ones and their children too), is appended as a JSON
-# line with the test's wall time. A test whose CPU is well below its wall time
-# waits (for a timeout, a restart): with the cores busy, the other tests fill that.
+# line with the test's wall time, its start (epoch seconds) and its xdist worker.
+# A test whose CPU is well below its wall time waits (for a timeout, a restart):
+# with the cores busy, the other tests fill that.
 # Processes started by daemons (sshd, slurmd) are not counted.
 _CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
@@ -446,11 +447,14 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    before, started = _cgroup_usage(), time.monotonic()
+    before, began, started = _cgroup_usage(), time.time(), time.monotonic()
     yield
     if before is not None:
         with open(os.environ["HVDKIT_TEST_CGROUP_LOG"], "a") as f:
             cpu = (_cgroup_usage() - before) / 1e9
             wall = time.monotonic() - started  # setup and teardown included, like the CPU
             line = {"test": item.nodeid, "cpu": round(cpu, 2), "wall": round(wall, 2)}
+            # when and where: how the workers' runs line up (which one ends alone)
+            line["began"] = round(began, 2)
+            line["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "")
             f.write(json.dumps(line) + "\n")

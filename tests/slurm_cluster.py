@@ -330,6 +330,16 @@ class SlurmCluster:
         text = self.scontrol("show", "job", "-o", str(job_id))
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
+    def report(self, job_id: int) -> str:
+        """What to read when a job did not do what a test waited for: its fields, the
+        nodes' states, the queue and the daemons' last log lines."""
+        parts = [f"scontrol show job {job_id}:\n{self.job(job_id)}"]
+        for cmd in (["sinfo", "-N", "-o", "%N %T %E"], ["squeue", "-o", "%i %T %r %N"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+            parts.append(f"{' '.join(cmd)}:\n{proc.stdout}{proc.stderr}")
+        parts.append(self.logs())
+        return "\n".join(parts)
+
     def wait(self, job_id: int, timeout: float = 600.0, states=FINISHED) -> dict[str, str]:
         """Poll until the job is in one of ``states``; its fields then.
 
@@ -342,8 +352,10 @@ class SlurmCluster:
             if info.get("JobState") in states:
                 return info
             if time.monotonic() > deadline:
+                why = f"job {job_id} still {info.get('JobState')} after {timeout} s"
+                report = self.report(job_id)
                 subprocess.run(["scancel", str(job_id)], env=self.env, capture_output=True)
-                raise TimeoutError(f"job {job_id} still {info.get('JobState')} after {timeout} s")
+                raise TimeoutError(f"{why}\n{report}")
             time.sleep(0.5)
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster, missing
+from slurm_cluster import FINISHED, SlurmCluster, missing
 
 from conftest import REPO, launcher_env
 
@@ -57,14 +57,21 @@ def text(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def wait_for(predicate, what: str, timeout: float = 300.0):
+def wait_for(predicate, what: str, cluster: SlurmCluster, job: int, out: Path, timeout=300.0):
+    """Poll ``predicate`` until it is true (its value), failing with the job's state, the
+    cluster's and the job's output if the job ends first or ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
+        state = cluster.job(job).get("JobState")
+        ended = state in FINISHED and not predicate()
+        if ended or time.monotonic() > deadline:
+            why = f"job {job} ended {state}" if ended else f"after {timeout:g} s"
+            raise TimeoutError(
+                f"{what} ({why})\n--- job output\n{text(out)}\n{cluster.report(job)}"
+            )
         time.sleep(POLL_S)
 
 
@@ -142,7 +149,7 @@ def test_preempted_job_is_requeued_and_resumes_bit_identical(cluster, reference,
         env={"HVDKIT_CHECKPOINT_DIR": str(ckpt)},
     )
     # interrupt once a checkpoint is on disk, mid-training
-    wait_for(lambda: list(ckpt.glob("ckpt-*")), f"no checkpoint in {ckpt}")
+    wait_for(lambda: list(ckpt.glob("ckpt-*")), f"no checkpoint in {ckpt}", cluster, job, out)
     cluster.run(*how.split(), str(job))
     signalled = time.monotonic()
     started = wait_for(
@@ -152,9 +159,16 @@ def test_preempted_job_is_requeued_and_resumes_bit_identical(cluster, reference,
             and time.monotonic()
         ),
         "the job was not requeued and started again",
+        cluster,
+        job,
+        out,
     )
     resumed = wait_for(
-        lambda: "attempt 1:" in text(out) and time.monotonic(), "the requeued job did not resume"
+        lambda: "attempt 1:" in text(out) and time.monotonic(),
+        "the requeued job did not resume",
+        cluster,
+        job,
+        out,
     )
     info = cluster.wait(job)
     log = text(out)
