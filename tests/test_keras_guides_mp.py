@@ -46,7 +46,7 @@ def guide_lines(lines: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    env = launcher_env()
+    env = launcher_env(horovod_cycle=False)  # what users run: Horovod's defaults
     for var in ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"):
         env.pop(var, None)
     proc = subprocess.run(
@@ -66,7 +66,7 @@ def test_guides_under_hvdkitrun_equal_one_process_line_for_line(transport, one_p
     proc = subprocess.run(
         [*cmd, sys.executable, RUNNER],
         capture_output=True,
-        env=launcher_env(),
+        env=launcher_env(horovod_cycle=False),
         timeout=HANG_S,
         cwd=tmp_path,
     )
