@@ -23,7 +23,7 @@ Usage (root only; everything started is stopped by pid)::
         job = cluster.sbatch(["--wrap", "hostname"], "-N", "2")
         cluster.wait(job)
 
-Run ``python tests/slurm_cluster.py`` to start one by hand (Ctrl-C stops it).
+Run ``python tests/slurm_cluster.py`` to start one by hand (Ctrl-C or SIGTERM stops it).
 """
 
 from __future__ import annotations
@@ -366,9 +366,20 @@ def _run_env(env: dict, *cmd: str) -> str:
     return proc.stdout
 
 
+def _stop_on(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    # Ctrl-C or `kill <pid>` stops the cluster (a shell's background job ignores SIGINT)
+    signal.signal(signal.SIGINT, _stop_on)
+    signal.signal(signal.SIGTERM, _stop_on)
     with SlurmCluster() as c:
-        print(f"SLURM_CONF={c.conf}  shared folder: {c.root / 'shared'}  (Ctrl-C stops it)")
+        print(
+            f"SLURM_CONF={c.conf}  shared folder: {c.root / 'shared'}  "
+            f"(Ctrl-C or kill {os.getpid()} stops it)",
+            flush=True,
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:
