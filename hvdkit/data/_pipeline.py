@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from .._autograph import not_converted
 from ..errors import DataFormatError, ShardingError
 
 
@@ -117,6 +118,7 @@ def _read_chunks(source: Any, chunks: tf.data.Dataset, length: int) -> tf.data.D
     def read_chunk(chunk):
         return tf.nest.flatten(source.read(chunk.numpy()))
 
+    @not_converted  # tf.data's map would rewrite it with AutoGraph in every process
     def read(chunk):
         flat = tf.py_function(read_chunk, [chunk], [s.dtype for s in flat_spec])
         for tensor, s in zip(flat, flat_spec, strict=True):

@@ -1,4 +1,4 @@
-"""AutoGraph converts none of hvdkit's functions when a user's tf.function calls them.
+"""AutoGraph converts none of hvdkit's functions: in a tf.function, or as its datasets read.
 
 Each conversion parses and rewrites the function and writes it to a temporary file
 (hvdkit/_autograph.py has the measured cost). The spy counts the functions AutoGraph
@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from datafiles import mnist_ids, write_mnist
 from tensorflow.python.autograph.impl import api as autograph_api
 
 import hvdkit
@@ -93,3 +94,16 @@ def test_patch_ops_in_a_dataset_map_and_a_step_convert_only_the_users_functions(
     assert not [name for name in converted if name.startswith("hvdkit")], converted
     np.testing.assert_array_equal(joined, image)  # merge undoes slice
     np.testing.assert_array_equal(half, image[:, 3:])  # rank 1 of 2: the lower half
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_reading_a_shard_of_a_dataset_converts_nothing(tmp_path, converted, shuffle):
+    write_mnist(tmp_path, "train", n=11)
+    ds = hvdkit.data.MnistDataset(
+        str(tmp_path), usage="train", num_shards=2, shard_id=1, shuffle=shuffle
+    )
+    ids = sorted(mnist_ids(np.stack([image for image, _ in ds.as_numpy_iterator()])).tolist())
+    assert converted == [], converted
+    # the shard's records (train ids are their indices): 6 of 11, as shard_indices says
+    want = hvdkit.data.shard_indices(11, 2, 1, shuffle=shuffle)
+    assert len(want) == 6 and ids == sorted(want.tolist()), (ids, want)
