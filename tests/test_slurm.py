@@ -31,6 +31,7 @@ REQUEUE = str(REPO / "examples" / "slurm" / "requeue.sbatch")
 PROG = "tests/multiproc/slurm_prog.py"
 DEMO_ACCURACY = "held-out accuracy 0.9778 (352/360 test digits)"  # scripts/demo.sh's
 POLL_S = 0.1
+JOB_POLL_S = 0.5  # as SlurmCluster.wait polls
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +62,16 @@ def wait_for(predicate, what: str, cluster: SlurmCluster, job: int, out: Path, t
     """Poll ``predicate`` until it is true (its value), failing with the job's state, the
     cluster's and the job's output if the job ends first or ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
+    next_look = 0.0  # the job's state costs an scontrol process: every JOB_POLL_S
     while True:
         value = predicate()
         if value:
             return value
+        now = time.monotonic()
+        if now < next_look:
+            time.sleep(POLL_S)
+            continue
+        next_look = now + JOB_POLL_S
         state = cluster.job(job).get("JobState")
         ended = state in FINISHED and not predicate()
         if ended or time.monotonic() > deadline:
