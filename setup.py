@@ -6,7 +6,7 @@ and leaves it alone: there is no TensorFlow requirement (``tensorflow`` and
 build which one the user has), no Horovod requirement (PyPI has only Horovod's
 source, which pip would compile in an isolated build without TensorFlow, so
 without its TensorFlow extension), and no TensorBoard or protobuf constraint.
-After it, ``python -m hvdkit.install_horovod`` builds Horovod for the installed
+After it, ``python -m hvdkit install-horovod`` builds Horovod for the installed
 TensorFlow and ``hvdkit doctor`` says what works. On a machine without
 TensorFlow, ``pip install 'hvdkit[cpu]'`` (or ``[gpu]``) brings a supported one.
 
@@ -53,7 +53,7 @@ setup(
         "Development Status :: 3 - Alpha",
     ],
     packages=find_packages(include=["hvdkit", "hvdkit.*"]),
-    package_data={"hvdkit": ["patches/*.patch"]},  # applied by python -m hvdkit.install_horovod
+    package_data={"hvdkit": ["patches/*.patch"]},  # applied by python -m hvdkit install-horovod
     install_requires=[
         # TensorFlow 2.18-2.21 bring Keras >= 3.5; hvdkit's Keras hooks are checked on 3.10-3.15
         "keras>=3.10,<4",

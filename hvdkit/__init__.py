@@ -87,7 +87,7 @@ _EXPORTS = {
     "reduce_gradients": "optimizer",
     "PartialDistributedGradientTape": "partial",
     "PartialDistributedOptimizer": "partial",
-    "Compression": "compression",
+    "Compression": "_comm.compression",
     "SyncBatchNormalization": "keras.sync_batch_norm",
     "load_model": "keras.saving",
     "save_model": "keras.saving",
@@ -242,7 +242,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         neighbor_exchange,
         reducescatter,
     )
-    from .compression import Compression
+    from ._comm.compression import Compression
     from .errors import (
         CollectiveError,
         CollectiveMismatchError,

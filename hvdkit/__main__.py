@@ -1,7 +1,7 @@
 """The ``hvdkit`` command (also ``python -m hvdkit``).
 
-hvdkit doctor            # what this environment can do, with fixes (hvdkit/doctor.py)
-hvdkit install-horovod   # build Horovod for this TensorFlow (hvdkit/install_horovod.py)
+hvdkit doctor            # what this environment can do, with fixes (hvdkit/tools/doctor.py)
+hvdkit install-horovod   # build Horovod for this TensorFlow (hvdkit/tools/install_horovod.py)
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{given}usage:\n{usage}", file=sys.stderr if given else sys.stdout)
         return 2 if given or not args else 0
     if args[0] == "doctor":
-        from . import doctor
+        from .tools import doctor
 
         return doctor.main(args[1:])
-    from . import install_horovod
+    from .tools import install_horovod
 
     return install_horovod.main(args[1:])
 

@@ -41,8 +41,8 @@ from .errors import ConfigurationError, LaunchError
 
 # The TensorFlow versions hvdkit is tested with, each with the Keras 3 it brings
 # (scripts/matrix.sh; its last table is in README.md). setup.py's extras read this line;
-# hvdkit.install_horovod refuses others unless told, ``hvdkit doctor`` flags them.
-# Horovod 0.28.1's build quirks per TensorFlow live in hvdkit/install_horovod.py.
+# hvdkit.tools.install_horovod refuses others unless told, ``hvdkit doctor`` flags them.
+# Horovod 0.28.1's build quirks per TensorFlow live in hvdkit/tools/install_horovod.py.
 SUPPORTED_TENSORFLOW = ">=2.18,<2.22"
 
 

@@ -29,6 +29,13 @@ class HvdkitError(Exception):
 class NotInitializedError(HvdkitError, RuntimeError):
     """An hvdkit function that needs the runtime was called before ``hvdkit.init()``."""
 
+    def __init__(
+        self,
+        message: str = "hvdkit is not initialized: call hvdkit.init() at the top of your "
+        "script, before any other hvdkit function.",
+    ):
+        super().__init__(message)
+
 
 class CollectiveError(HvdkitError, RuntimeError):
     """A collective operation failed (peer lost, transport error, ...)."""

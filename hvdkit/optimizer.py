@@ -21,9 +21,9 @@ from ._comm import buckets as _buckets
 from ._comm import graph_progress as _graph_progress
 from ._comm import meeting as _meeting
 from ._comm import op_names as _op_names
+from ._comm.compression import Compression, Compressor
 from ._validate import check_int
 from .backends import ReduceOp
-from .compression import Compression, Compressor
 from .errors import ConfigurationError
 
 _compat.require_keras3()

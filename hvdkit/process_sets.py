@@ -32,10 +32,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from . import config, runtime
+from . import config
 from ._autograph import not_converted
 from ._validate import is_int
-from .errors import ConfigurationError, NotSupportedError
+from .backends import Backend
+from .errors import ConfigurationError, NotInitializedError, NotSupportedError
 
 __all__ = [
     "ProcessSet",
@@ -97,7 +98,7 @@ class ProcessSet:
         """
         if self.process_set_id is None:
             return None
-        me = runtime.rank()
+        me = _running().rank()
         if me not in self.ranks:
             raise ConfigurationError(
                 f"rank {me} is not in {self}; ask included() first, or use hvdkit.rank()."
@@ -109,7 +110,7 @@ class ProcessSet:
         """Whether this process is one of the set's ranks (``None`` for a set without ranks)."""
         if self.process_set_id == 0:
             return True
-        return runtime.rank() in self.ranks if self.ranks else None
+        return _running().rank() in self.ranks if self.ranks else None
 
     def __repr__(self) -> str:
         if self.process_set_id == 0:
@@ -122,6 +123,16 @@ global_process_set.process_set_id = 0
 
 # every registered set but the global one: id -> the ProcessSet object the user holds
 _registered: dict[int, ProcessSet] = {}
+# The running job's backend, from registered() (at hvdkit.init()) to forget_all() (at
+# shutdown): the runtime, which registers the sets, hands it down, so that this module
+# never imports the runtime (it sits below it).
+_backend: Backend | None = None
+
+
+def _running() -> Backend:
+    if _backend is None:
+        raise NotInitializedError()
+    return _backend
 
 
 def _check_fits(ps: ProcessSet, size: int, what: str) -> None:
@@ -168,10 +179,12 @@ def static_ranks(process_sets: Sequence | str | None, size: int) -> tuple[list, 
     return sets, False
 
 
-def registered(sets: Sequence[ProcessSet], ids: Sequence[int], size: int) -> None:
-    """Give the sets their ids (after the backend registered them) and the global set its ranks."""
+def registered(sets: Sequence[ProcessSet], ids: Sequence[int], backend: Backend) -> None:
+    """Give the sets their ids (after ``backend`` registered them) and the global set its ranks."""
+    global _backend
+    _backend = backend
     _registered.clear()
-    global_process_set.ranks = list(range(size))
+    global_process_set.ranks = list(range(backend.size()))
     for ps, ps_id in zip(sets, ids, strict=True):
         ps.process_set_id, ps._removed = ps_id, False
         if ps_id:
@@ -180,6 +193,8 @@ def registered(sets: Sequence[ProcessSet], ids: Sequence[int], size: int) -> Non
 
 def forget_all() -> None:
     """At shutdown: every set the user holds is unregistered (re-register after ``init``)."""
+    global _backend
+    _backend = None
     for ps in _registered.values():
         ps.process_set_id = None
     _registered.clear()
@@ -225,16 +240,16 @@ def resolve(
             f"{_registered[ps_id]}; pass the ProcessSet object that "
             "init(process_sets=[...]) or add_process_set registered."
         )
-    if member and process_set.process_set_id and runtime.rank() not in process_set.ranks:
+    if member and process_set.process_set_id and _running().rank() not in process_set.ranks:
         raise not_member(
-            f"{what}: rank {runtime.rank()} is not in {process_set}; only its ranks may call a "
+            f"{what}: rank {_running().rank()} is not in {process_set}; only its ranks may call a "
             "collective on it (test process_set.included() first)."
         )
     return process_set
 
 
 def _require_dynamic(what: str) -> None:
-    if config.get(config.HOROVOD_DYNAMIC_PROCESS_SETS) != "1" and not runtime.backend().dynamic:
+    if config.get(config.HOROVOD_DYNAMIC_PROCESS_SETS) != "1" and not _running().dynamic:
         raise ConfigurationError(
             f"{what} needs {config.HOROVOD_DYNAMIC_PROCESS_SETS}=1 in the environment before "
             "hvdkit.init() (or hvdkit.init(process_sets='dynamic')); set it, or register the "
@@ -264,8 +279,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """
     ps = _as_set(process_set, "add_process_set")
     _require_dynamic(f"add_process_set({ps.ranks})")
-    _check_fits(ps, runtime.size(), "add_process_set")
-    if ps.ranks == list(range(runtime.size())):
+    _check_fits(ps, _running().size(), "add_process_set")
+    if ps.ranks == list(range(_running().size())):
         ps.process_set_id = 0
         return ps
     same = [s for s in _registered.values() if s.ranks == ps.ranks]
@@ -274,7 +289,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             f"add_process_set: {same[0]} already holds ranks {ps.ranks}; use that object, or "
             "remove it first."
         )
-    ps_id = runtime.backend().add_process_set(ps.ranks)
+    ps_id = _running().add_process_set(ps.ranks)
     ps.process_set_id, ps._removed = ps_id, False
     _registered[ps_id] = ps
     return ps
@@ -295,7 +310,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     _require_dynamic(f"remove_process_set({process_set})")
     ps_id = process_set.process_set_id
-    runtime.backend().remove_process_set(ps_id)
+    _running().remove_process_set(ps_id)
     _registered.pop(ps_id, None)
     process_set.process_set_id, process_set._removed = None, True
     return True
@@ -319,8 +334,7 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
 
 def _by_id(process_set_id: int, what: str) -> ProcessSet:
     if process_set_id == 0:
-        runtime.backend()  # NotInitializedError before init, as the other queries
-        global_process_set.ranks = list(range(runtime.size()))
+        global_process_set.ranks = list(range(_running().size()))  # NotInitializedError before init
         return global_process_set
     if process_set_id not in _registered:
         known = sorted([0, *_registered])

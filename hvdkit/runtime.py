@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from . import _compat, _phases, config, environments
+from . import process_sets as _sets
 from ._autograph import not_converted
 from ._comm import meeting as _meeting
 from ._comm import progress as _progress
@@ -124,9 +125,7 @@ def init(
         )
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
     freeze = config.get_bool(config.GC_FREEZE, True, fix=f"unset it or set {config.GC_FREEZE}=0")
-    from . import process_sets as sets_  # same layer; it uses this module's rank()
-
-    sets, dynamic = sets_.static_ranks(process_sets, launched or 1)
+    sets, dynamic = _sets.static_ranks(process_sets, launched or 1)
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
     _announce_joining()
@@ -149,7 +148,7 @@ def init(
         _join_next_world(again, failed=exc)
         return
     ids = iter(_backend.process_set_ids())
-    sets_.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], size())
+    _sets.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], _backend)
     _configure_threads(threads, _backend.local_size())
     if _backend.size() > 1:
         _keep_a_second_inter_op_thread()
@@ -384,10 +383,7 @@ def _pin_gpu(local_rank_: int) -> None:
 
 def _get() -> Backend:
     if _backend is None:
-        raise NotInitializedError(
-            "hvdkit is not initialized: call hvdkit.init() at the top of your script, "
-            "before any other hvdkit function."
-        )
+        raise NotInitializedError()
     return _backend
 
 
@@ -405,9 +401,7 @@ def shutdown() -> None:
     """Stop the runtime. ``init()`` may be called again afterwards."""
     global _backend
     if _backend is not None:
-        from . import process_sets
-
-        process_sets.forget_all()
+        _sets.forget_all()
         _backend.shutdown()
         _backend = None
 
@@ -502,9 +496,7 @@ def cross_size() -> int:
 
 def barrier(process_set=None) -> None:
     """Block until every process of the job (or of ``process_set``) has reached this call."""
-    from . import process_sets
-
-    _get().barrier(process_sets.resolve(process_set, "barrier").process_set_id)
+    _get().barrier(_sets.resolve(process_set, "barrier").process_set_id)
 
 
 def backend_name() -> str:

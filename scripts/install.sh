@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything hvdkit needs, idempotently: Debian packages, .venv,
 # TensorFlow, hvdkit itself, Horovod 0.28.1 built from source by
-# `python -m hvdkit.install_horovod` (cached wheel).
+# `python -m hvdkit install-horovod` (cached wheel).
 # Safe to re-run; a second run on the same machine takes seconds.
 #
 #   scripts/install.sh            # full setup + 2-process smoke check
@@ -108,12 +108,12 @@ if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff" 2>/dev/n
 fi
 
 # --- 5. Horovod 0.28.1 for the installed TF: the same command users run -------
-# python -m hvdkit.install_horovod checks the build's prerequisites, adds the header
+# python -m hvdkit install-horovod checks the build's prerequisites, adds the header
 # fixes this TF needs, caches the wheel per (python, TF) in ~/.cache/hvdkit/wheels
 # (HVDKIT_CACHE_DIR), and returns at once when the right Horovod is installed.
 hvd_out="$(mktemp)"
 set +e
-"$PY" -m hvdkit.install_horovod | tee "$hvd_out"
+"$PY" -m hvdkit install-horovod | tee "$hvd_out"
 hvd_rc=${PIPESTATUS[0]}
 set -e
 grep -q "is installed, built for" "$hvd_out" || changed=1

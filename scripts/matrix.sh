@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How do I know hvdkit works with each supported TensorFlow? Run this: for each
 # version, a venv of its own (outside the repository), `pip install tensorflow-cpu==V`,
-# then hvdkit as a user installs it, Horovod built by `python -m hvdkit.install_horovod`,
+# then hvdkit as a user installs it, Horovod built by `python -m hvdkit install-horovod`,
 # `hvdkit doctor`, and the quick tier (tests/unit) plus the 2-rank training and Keras
 # workflow tests. Prints a Markdown table (paste it into README.md with its date) and
 # writes it as JSON. Run it before each release-like change; one build at a time.
@@ -87,7 +87,7 @@ run_row() {
     fi
     if $installed; then
         local cached
-        cached="$("$py" -c 'from hvdkit import install_horovod as i
+        cached="$("$py" -c 'from hvdkit.tools import install_horovod as i
 print(i.cached_wheel(i.cache_dir(next(iter(i.tensorflow_distributions().values())))) or "")')"
         if [[ -z "$cached" ]] && ! wait_for_quiet; then
             note="not built: load >= ${HVDKIT_MATRIX_MAX_LOAD:-3} for ${HVDKIT_MATRIX_WAIT:-1200} s"
@@ -96,7 +96,7 @@ print(i.cached_wheel(i.cache_dir(next(iter(i.tensorflow_distributions().values()
     fi
     if $installed; then
         t0=$SECONDS
-        if "$py" -m hvdkit.install_horovod "${any[@]}" >>"$log" 2>&1; then
+        if "$py" -m hvdkit install-horovod "${any[@]}" >>"$log" 2>&1; then
             build_s=$((SECONDS - t0))
             build="built"; grep -q "using the cached wheel\|is installed, built for" "$log" && build="cached"
         else

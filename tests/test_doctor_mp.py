@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from hvdkit import install_horovod
+from hvdkit.tools import install_horovod
 
 from conftest import REPO, VENV_BIN, launcher_env
 

@@ -14,7 +14,7 @@ import os
 import keras
 
 from .. import collectives, runtime
-from ..compression import Compressor
+from .._comm.compression import Compressor
 from ..errors import ConfigurationError
 from ..optimizer import DistributedOptimizer
 from ._registry import REGISTERED_NAME

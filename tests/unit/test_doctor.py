@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from hvdkit import __main__ as cli
-from hvdkit import doctor
-from hvdkit.doctor import Check, Facts
+from hvdkit.tools import doctor
+from hvdkit.tools.doctor import Check, Facts
 
-BUILD = "python -m hvdkit.install_horovod"
+BUILD = "python -m hvdkit install-horovod"
 
 
 def healthy(**changes) -> Facts:
@@ -154,7 +154,7 @@ def test_a_failed_allreduce_is_essential_and_tells_how_to_see_the_job():
     rows = rows_by_name(facts)
     row = rows["allreduce, 2 processes, mpi"]
     assert (row.ok, row.detail) == (False, "no answer within 180 s")
-    assert row.fix.startswith("run `hvdkitrun -np 2 --mpi python -m hvdkit._doctor_probe`")
+    assert row.fix.startswith("run `hvdkitrun -np 2 --mpi python -m hvdkit.tools._doctor_probe`")
     text = doctor.render(list(rows.values()))
     assert text.splitlines()[-1] == "hvdkit doctor: 1 essential check(s) failed"
     assert doctor.exit_code(list(rows.values())) == 1

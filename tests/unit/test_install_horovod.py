@@ -1,4 +1,4 @@
-"""hvdkit.install_horovod: prerequisites, header fixes, cache, build-failure messages.
+"""hvdkit.tools.install_horovod: prerequisites, header fixes, cache, build-failure messages.
 
 The header logic runs the real preprocessor (g++ -E) over a fake TensorFlow include
 tree made here, and once over the installed TensorFlow.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit import install_horovod as ih
+from hvdkit.tools import install_horovod as ih
 
-PACKAGE = Path(ih.__file__).resolve().parent
+PACKAGE = Path(ih.__file__).resolve().parents[1]
 
 
 def fake_tf(tmp_path: Path, files: dict[str, str]) -> ih.TensorFlow:
@@ -179,10 +179,10 @@ def test_the_installed_horovod_is_the_one_built_for_the_installed_tensorflow():
     )
 
 
-@pytest.mark.parametrize("module", ["install_horovod.py", "doctor.py", "__main__.py"])
+@pytest.mark.parametrize("module", ["tools/install_horovod.py", "tools/doctor.py", "__main__.py"])
 def test_installer_and_doctor_never_import_tensorflow_keras_or_horovod(module):
     # they ask TensorFlow and Horovod in child processes, so a broken TensorFlow
-    # cannot stop them from saying what is wrong (hvdkit/_doctor_probe.py is the job)
+    # cannot stop them from saying what is wrong (hvdkit/tools/_doctor_probe.py is the job)
     tree = ast.parse((PACKAGE / module).read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]

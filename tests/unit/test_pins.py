@@ -41,7 +41,8 @@ def _requirements(specs: list[str]) -> dict[str, Requirement]:
 
 
 def test_installed_keras_and_tensorflow_are_inside_the_supported_ranges(monkeypatch):
-    from hvdkit import _compat, doctor
+    from hvdkit import _compat
+    from hvdkit.tools import doctor
 
     keras = _install_sh("KERAS_VERSION")
     tf = _install_sh("TF_VERSION")

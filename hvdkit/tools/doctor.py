@@ -23,12 +23,13 @@ import subprocess
 import sys
 from importlib import metadata
 
-from . import _compat, install_horovod
+from .. import _compat
+from . import install_horovod
 
-PROBE_MARK = "HVDKIT-DOCTOR"  # hvdkit/_doctor_probe.py prints it; 2 ranks: sum=3.0 on each
+PROBE_MARK = "HVDKIT-DOCTOR"  # hvdkit/tools/_doctor_probe.py prints it; 2 ranks: sum=3.0 on each
 TESTED_PYTHON = (3, 11)
 KERAS_RANGE = ">=3.10,<4"  # setup.py's requirement (tests/unit/test_pins.py keeps them equal)
-BUILD = "python -m hvdkit.install_horovod"
+BUILD = "python -m hvdkit install-horovod"
 
 
 @dataclasses.dataclass
@@ -104,9 +105,9 @@ def gather(run_jobs: bool = True, timeout: float = 180.0) -> Facts:
 
 
 def allreduce_job(transport: str, timeout: float) -> str:
-    """Run hvdkit/_doctor_probe.py on 2 processes; "ok", or what went wrong."""
+    """Run hvdkit/tools/_doctor_probe.py on 2 processes; "ok", or what went wrong."""
     cmd = [sys.executable, "-m", "hvdkit.launch", "-np", "2", f"--{transport}"]
-    cmd += [sys.executable, "-m", "hvdkit._doctor_probe"]
+    cmd += [sys.executable, "-m", "hvdkit.tools._doctor_probe"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     job = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -262,7 +263,7 @@ def _allreduce(f: Facts, transport: str) -> Check | None:
         return None  # not run: Horovod or mpirun already reported missing, or --no-run
     if verdict == "ok":
         return Check(name, True, f"hvdkitrun -np 2 --{transport}: 1+2 = 3.0 on both ranks")
-    fix = f"run `hvdkitrun -np 2 --{transport} python -m hvdkit._doctor_probe` to see the job"
+    fix = f"run `hvdkitrun -np 2 --{transport} python -m hvdkit.tools._doctor_probe` to see the job"
     if transport == "mpi" and os.geteuid() == 0:
         fix += "; as root Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
     return Check(name, False, verdict, fix)

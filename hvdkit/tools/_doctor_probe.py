@@ -8,7 +8,7 @@ import os
 import tensorflow as tf
 
 import hvdkit
-from hvdkit.doctor import PROBE_MARK
+from hvdkit.tools.doctor import PROBE_MARK
 
 if __name__ == "__main__":
     hvdkit.init()

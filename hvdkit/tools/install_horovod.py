@@ -2,9 +2,9 @@
 
 Run it with the environment's own Python, after TensorFlow and hvdkit::
 
-    python -m hvdkit.install_horovod            # build (or take the cached wheel), install, check
-    python -m hvdkit.install_horovod --check    # only check what the build needs, build nothing
-    python -m hvdkit.install_horovod --rebuild  # ignore a cached wheel
+    python -m hvdkit install-horovod            # build (or take the cached wheel), install, check
+    python -m hvdkit install-horovod --check    # only check what the build needs, build nothing
+    python -m hvdkit install-horovod --rebuild  # ignore a cached wheel
 
 PyPI has only Horovod's source, and Horovod 0.28.1 no longer compiles against
 the headers of TensorFlow >= 2.19 as they ship. This module
@@ -51,8 +51,8 @@ import time
 from importlib import metadata, util
 from pathlib import Path
 
-from . import _compat, config
-from .errors import HvdkitError
+from .. import _compat, config
+from ..errors import HvdkitError
 
 HOROVOD_VERSION = "0.28.1"
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tf-nightly", "tf-nightly-cpu")
@@ -76,7 +76,7 @@ TOOLS = (
 # hvdkit's changes to Horovod's source, applied in this order before the build (each
 # file opens with what it fixes and why). The installed Horovod names them in
 # horovod/hvdkit_patches.py, so that an unpatched build counts as not installed.
-PATCHES_DIR = Path(__file__).resolve().parent / "patches"
+PATCHES_DIR = Path(__file__).resolve().parents[1] / "patches"
 PATCHES = (
     "horovod-0.28.1-init-failure-raises.patch",
     "horovod-0.28.1-gloo-all-here-before-connect.patch",
@@ -190,7 +190,7 @@ def query_tensorflow(python: str = sys.executable) -> TensorFlow:
             f"no TensorFlow is installed for {python}. Install a supported one first "
             f"(TensorFlow {_compat.SUPPORTED_TENSORFLOW}), e.g. "
             "`pip install tensorflow-cpu==2.21.0` or `pip install 'hvdkit[cpu]'`, then run "
-            "`python -m hvdkit.install_horovod` again."
+            "`python -m hvdkit install-horovod` again."
         )
     answer, error = ask_tensorflow(python)
     if answer is None:
@@ -315,12 +315,12 @@ def plan_headers(tf: TensorFlow, shim_dir: Path, rounds: int = 10) -> HeaderPlan
             raise BuildError(
                 f"TensorFlow {tf.version}'s headers include {header}, which its wheel does not "
                 f"ship. Install Debian's {known[0]}: `{apt_command([known[0]])}`, then run "
-                "`python -m hvdkit.install_horovod` again."
+                "`python -m hvdkit install-horovod` again."
             )
         raise BuildError(
             f"TensorFlow {tf.version}'s headers include {header}, which is not installed and "
             "hvdkit does not know its package (`apt-file search " + header + "` finds it). "
-            "Install it, then run `python -m hvdkit.install_horovod` again."
+            "Install it, then run `python -m hvdkit install-horovod` again."
         )
     raise BuildError(f"headers still missing after {rounds} fixes: {plan}")
 
@@ -356,7 +356,8 @@ def marker_text(texts: dict[str, str] | None = None) -> str:
     """The module written into the patched source: which patches the build carries."""
     names = list(patch_texts() if texts is None else texts)
     return (
-        '"""Written by hvdkit.install_horovod: the patches this Horovod was built with."""\n\n'
+        '"""Written by hvdkit.tools.install_horovod: the patches this Horovod was built '
+        'with."""\n\n'
         f"PATCHES = {names!r}\nPATCH_SET = {patch_set_id(texts)!r}\n"
     )
 
@@ -491,7 +492,7 @@ def build_failure(text: str, path: Path) -> str:
     return (
         f"building Horovod {HOROVOD_VERSION} failed (full log: {path}):\n  "
         + "\n  ".join(errors or text.strip().splitlines()[-5:])
-        + f"\n{fix} Then run `python -m hvdkit.install_horovod` again."
+        + f"\n{fix} Then run `python -m hvdkit install-horovod` again."
     )
 
 
@@ -614,7 +615,7 @@ def install(rebuild: bool = False, check_only: bool = False, any_tensorflow: boo
     if problem is not None:
         raise BuildError(
             f"Horovod was installed from {wheel} but {problem}. Delete {directory} and run "
-            "`python -m hvdkit.install_horovod --rebuild`."
+            "`python -m hvdkit install-horovod --rebuild`."
         )
     log(f"Horovod {HOROVOD_VERSION} installed for TensorFlow {tf.version} (MPI and Gloo)")
     return 0
@@ -628,7 +629,7 @@ def pip_install(*what: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hvdkit.install_horovod",
+        prog="python -m hvdkit install-horovod",
         description=f"Build Horovod {HOROVOD_VERSION} (MPI, Gloo) for the installed TensorFlow.",
     )
     parser.add_argument("--check", action="store_true", help="check prerequisites, build nothing")
