@@ -219,6 +219,7 @@ _keras_registry.install()
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
     from . import data, ops, sink
+    from ._comm.compression import Compression
     from .collectives import (
         Adasum,
         Average,
@@ -242,7 +243,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
         neighbor_exchange,
         reducescatter,
     )
-    from ._comm.compression import Compression
     from .errors import (
         CollectiveError,
         CollectiveMismatchError,

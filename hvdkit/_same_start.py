@@ -39,6 +39,7 @@ import weakref
 import tensorflow as tf
 
 from . import collectives, config, runtime
+from ._comm import meeting as _meeting
 from .errors import ConfigurationError
 
 logger = logging.getLogger("hvdkit")
@@ -120,7 +121,7 @@ def check(variables, process_set, n: int) -> list[tf.Operation]:
     if not variables or state(variables) is True:
         return []
     mode = config.same_start()
-    if mode == "off" or config.get(config.ELASTIC_DIR):
+    if mode == "off" or _meeting.enabled():
         _remember(variables, True)
         return []
     if state(variables) is None:

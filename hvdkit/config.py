@@ -107,11 +107,21 @@ PARAMETER_SERVER_ROLE = "MS_PSERVER"  # MindSpore's parameter server: no hvdkit 
 JOB_VARS = (ROLE, WORKER_NUM, SCHED_HOST, SCHED_PORT)
 
 
-def _set_name(name: str) -> str:
-    """The variable that actually holds setting ``name``: hvdkit's, else its MindSpore alias."""
+def named(name: str) -> str:
+    """The variable a message names for setting ``name``: the one the user set.
+
+    hvdkit's name, unless only its MindSpore alias is set (then the alias);
+    hvdkit's name too when neither is set (the one to set). Every message about
+    a setting names it through this, so that an ``MS_WORKER_NUM`` user reads
+    ``MS_WORKER_NUM``.
+
+    Example:
+        >>> named(WORKER_NUM)   # with only MS_WORKER_NUM=2 in the environment
+        'MS_WORKER_NUM'
+    """
     if os.environ.get(name) or name not in MINDSPORE_ALIASES:
         return name
-    return MINDSPORE_ALIASES[name]
+    return MINDSPORE_ALIASES[name] if os.environ.get(MINDSPORE_ALIASES[name]) else name
 
 
 def role() -> str | None:
@@ -128,7 +138,7 @@ def role() -> str | None:
     value = raw.strip()
     if value in ROLE_VALUES:
         return ROLE_VALUES[value]
-    var = _set_name(ROLE)
+    var = named(ROLE)
     if value == PARAMETER_SERVER_ROLE:
         raise LaunchError(
             f"{var}={raw!r}: hvdkit has no parameter-server role. It trains data-parallel "
@@ -143,7 +153,7 @@ def role() -> str | None:
 
 def job_vars_set() -> list[str]:
     """Names of the scheduler/worker variables set here (``HVDKIT_*`` or ``MS_*``), in order."""
-    return [_set_name(n) for n in JOB_VARS if get(n) is not None]
+    return [named(n) for n in JOB_VARS if get(n) is not None]
 
 
 def get_int(
@@ -202,14 +212,14 @@ def _read(name, default, parse, fits, what, fix, error):
     raw = get(name)
     if raw is None:
         if default is None:
-            raise error(f"set {name}" + (f" ({fix})." if fix else "."))
+            raise error(f"set {named(name)}" + (f" ({fix})." if fix else "."))
         return default
     try:
         value = parse(raw.strip())
     except (KeyError, ValueError):
         value = None
     if value is None or not fits(value):
-        raise error(f"{name}={raw!r} is not {what}" + (f"; {fix}" if fix else "."))
+        raise error(f"{named(name)}={raw!r} is not {what}" + (f"; {fix}" if fix else "."))
     return value
 
 

@@ -121,7 +121,7 @@ def init(
         raise ConfigurationError(
             f"backend 'local' was requested but the launcher started {launched} "
             "processes; a local backend would silently train each rank alone. "
-            "Drop backend='local' / HVDKIT_BACKEND=local, or launch one process."
+            f"Drop backend='local' / {config.BACKEND}=local, or launch one process."
         )
     threads = _thread_setting(intra_op_threads)  # invalid input fails before anything starts
     freeze = config.get_bool(config.GC_FREEZE, True, fix=f"unset it or set {config.GC_FREEZE}=0")
@@ -250,8 +250,9 @@ def _refuse_horovod_elastic() -> None:
         raise NotSupportedError(
             "this process was started by horovodrun's elastic mode (--host-discovery-script, "
             f"{config.HOROVOD_ELASTIC}=1), whose host changes hvdkit cannot follow. Start the "
-            "job with hvdkit's elastic launch instead: HVDKIT_ELASTIC=1 HVDKIT_WORKER_NUM=N "
-            "HVDKIT_MIN_WORKERS=M examples/cluster/run_scheduler.sh, then "
+            f"job with hvdkit's elastic launch instead: {config.ELASTIC}=1 "
+            f"{config.named(config.WORKER_NUM)}=N {config.MIN_WORKERS}=M "
+            "examples/cluster/run_scheduler.sh, then "
             "examples/cluster/run_workers.sh K python train.py on each host "
             "(docs/elastic.md)."
         )
@@ -268,7 +269,7 @@ def _announce_joining() -> None:
     Raises:
         ConfigurationError: no go within ``HVDKIT_SCHED_TIMEOUT``.
     """
-    folder = config.get(config.ELASTIC_DIR)
+    folder = _meeting.shared_folder()
     if not folder or not config.get(config.ELASTIC_JOIN):
         return
     timeout = config.sched_timeout(ConfigurationError)

@@ -68,7 +68,7 @@ class Compression:
 
     @classmethod
     def by_name(cls, name: str) -> type[Compressor]:
-        from .errors import ConfigurationError
+        from ..errors import ConfigurationError
 
         for comp in (cls.none, cls.fp16):
             if comp.name == name:

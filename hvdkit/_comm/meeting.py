@@ -101,17 +101,25 @@ def read_assignment(folder: str) -> dict | None:
     return body
 
 
+def shared_folder() -> str | None:
+    """The folder this rank shares with its worker (``HVDKIT_ELASTIC_DIR``); None outside one.
+
+    The one place that reads the variable: everything else asks here.
+    """
+    return config.get(config.ELASTIC_DIR)
+
+
 def enabled() -> bool:
     """Whether this rank may recover in-process: a worker of an elastic job started it."""
-    return bool(config.get(config.ELASTIC_DIR))
+    return bool(shared_folder())
 
 
 def join_waiting() -> bool:
     """Whether this rank's worker left it a next assignment (a worker waits to join)."""
-    folder = config.get(config.ELASTIC_DIR)
-    if not folder:
+    shared = shared_folder()
+    if not shared:
         return False
-    body = read_assignment(folder)
+    body = read_assignment(shared)
     return body is not None and body["round"] > config.restart_count()
 
 
@@ -177,7 +185,7 @@ def join_next_world(start: Callable[[], None], failed: CollectiveError | None = 
         >>> runtime.shutdown()                       # a peer was lost
         >>> round_ = join_next_world(runtime.init)   # rank of the next world
     """
-    folder = config.get(config.ELASTIC_DIR)
+    folder = shared_folder()
     timeout = config.sched_timeout()
     if failed is not None:
         _say_failed_start(config.restart_count(), failed)

@@ -139,7 +139,7 @@ class HorovodBackend(Backend):
             raise ConfigurationError(
                 "hvdkit was launched as part of a multi-process job but Horovod is not "
                 f"importable ({_IMPORT_ERROR}). Build it with `scripts/install.sh`, or run "
-                "without a launcher (or with HVDKIT_BACKEND=local) for a single process."
+                f"without a launcher (or with {config.BACKEND}=local) for a single process."
             )
         setting = config.comm_priority()  # a bad value is refused before the job starts
         before, sockets_before = _threads.thread_ids(), _sockets.tcp_inodes()

@@ -406,7 +406,7 @@ def read_token_file(path: str) -> str:
     """
     from ..errors import LaunchError
 
-    where = f"HVDKIT_TOKEN_FILE={path}"
+    where = f"{config.TOKEN_FILE}={path}"
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:

@@ -65,18 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mpi", dest="transport", action="store_const", const="mpi")
     p.add_argument("--log-dir", help="write <dir>/rank.N/stdout and stderr")
     p.add_argument(
-        "--stall-timeout", type=float, help="seconds (default: $HVDKIT_STALL_TIMEOUT or 120)"
+        "--stall-timeout",
+        type=float,
+        help=f"seconds (default: ${config.STALL_TIMEOUT} or {config.DEFAULT_STALL_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--max-restarts",
         type=int,
         help="start the whole job again after a failure, up to N times "
-        "(default: $HVDKIT_MAX_RESTARTS or 0)",
+        f"(default: ${config.MAX_RESTARTS} or 0)",
     )
     p.add_argument(
         "--checkpoint-dir",
         help="where the job's checkpoints are; restarts log the step they resume from "
-        "(default: $HVDKIT_CHECKPOINT_DIR; passed on to the job)",
+        f"(default: ${config.CHECKPOINT_DIR}; passed on to the job)",
     )
     p.add_argument("--no-prefix", action="store_true", help="do not prefix lines with [rank N]")
     p.add_argument("--start-timeout", type=int, default=60, help="horovodrun's start timeout")
@@ -398,7 +400,7 @@ def _private_token_file(token: str) -> str:
         raise LaunchError(
             f"cannot write the job token file {path} ({exc.strerror}). hvdkitrun --gloo gives "
             f"the ranks the token in a private file: make {folder} writable, or set "
-            "HVDKIT_TOKEN_FILE to a mode-600 file that holds the token."
+            f"{config.TOKEN_FILE} to a mode-600 file that holds the token."
         ) from None
     return path
 

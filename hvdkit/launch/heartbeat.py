@@ -81,15 +81,16 @@ def parse_monitor_addr(value: str) -> tuple[str, int, str]:
     Raises:
         LaunchError: the value is not ``host:port/receiver``.
     """
+    from .. import config
     from ..errors import LaunchError
 
     where, _, receiver = value.partition("/")
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit() or not auth.is_nonce(receiver):
         raise LaunchError(
-            f"HVDKIT_MONITOR_ADDR={value!r} is not <host>:<port>/<receiver id>. The launcher "
+            f"{config.MONITOR_ADDR}={value!r} is not <host>:<port>/<receiver id>. The launcher "
             "(hvdkitrun, or a worker) sets it: start the program with a launcher of the same "
-            "hvdkit version, or unset HVDKIT_MONITOR_ADDR."
+            f"hvdkit version, or unset {config.MONITOR_ADDR}."
         )
     return host, int(port), receiver
 
@@ -200,13 +201,14 @@ def start_sender(
 
     The first beat is sent before this returns.
     """
+    from .. import config
     from ..errors import LaunchError
 
     if not token:
         raise LaunchError(
-            "HVDKIT_MONITOR_ADDR is set but neither HVDKIT_JOB_TOKEN nor HVDKIT_TOKEN_FILE is: "
-            "heartbeats could not be authenticated. Start the program with hvdkitrun (which "
-            "sets them), or unset HVDKIT_MONITOR_ADDR."
+            f"{config.MONITOR_ADDR} is set but neither {config.JOB_TOKEN} nor "
+            f"{config.TOKEN_FILE} is: heartbeats could not be authenticated. Start the program "
+            f"with hvdkitrun (which sets them), or unset {config.MONITOR_ADDR}."
         )
     from .._comm import progress as _progress
 

@@ -92,8 +92,8 @@ def take_role(role: str) -> NoReturn:
         raise LaunchError(
             f"{config.job_vars_set()[0]} asks this process to be the {role} of a "
             f"scheduler/worker job, but a launcher already started it as one of {launched} "
-            "processes. Use one way of starting the job: unset MS_ROLE/HVDKIT_ROLE under "
-            "horovodrun/mpirun/hvdkitrun, or start the script without a launcher."
+            f"processes. Use one way of starting the job: unset {config.named(config.ROLE)} "
+            "under horovodrun/mpirun/hvdkitrun, or start the script without a launcher."
         )
     if role == config.SCHEDULER:
         if config.get(config.JOB_TOKEN) is None and config.get(config.TOKEN_FILE) is None:
@@ -147,10 +147,11 @@ def _wait_for_token(path: str, deadline: float, old: str | None) -> str:
             if token is not None:
                 return token
             raise LaunchError(
-                f"no job token: HVDKIT_JOB_TOKEN is not set and the scheduler's token file "
-                f"{path} did not appear within {_timeout():g} s. Start the scheduler "
-                "(MS_ROLE=MS_SCHED) on this machine with the same MS_SCHED_PORT, or set "
-                "HVDKIT_JOB_TOKEN to the token the scheduler printed (workers on other machines)."
+                f"no job token: {config.JOB_TOKEN} is not set and the scheduler's token file "
+                f"{path} did not appear within {_timeout():g} s. Start the scheduler on this "
+                f"machine with the same {config.named(config.SCHED_PORT)}, or set "
+                f"{config.JOB_TOKEN} to the token the scheduler printed (workers on other "
+                "machines)."
             )
         time.sleep(TOKEN_POLL_S)
 

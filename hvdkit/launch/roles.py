@@ -30,7 +30,7 @@ from .restart import max_restarts
 
 
 def _int_setting(name: str, default: int | None) -> int:
-    return config.get_int(name, default, fix=f"e.g. {name}=2", error=LaunchError)
+    return config.get_int(name, default, fix=f"e.g. {config.named(name)}=2", error=LaunchError)
 
 
 def _float_setting(name: str, default: float) -> float:
@@ -60,7 +60,7 @@ def _run_scheduler(host: str, port: int, timeout: float, token: str | None) -> i
         if token_file:
             shown = f"written to {token_file} (mode 600)"
         else:
-            shown = f"{token}  (give it to every worker as HVDKIT_JOB_TOKEN)"
+            shown = f"{token}  (give it to every worker as {config.JOB_TOKEN})"
         print(f"[scheduler] job token: {shown}", file=sys.stderr, flush=True)
     sched = Scheduler(  # fails early if the port is taken
         host,
@@ -104,8 +104,10 @@ def main(role: str, argv: list[str] | None = None) -> int:
             raise LaunchError("a worker needs the program to run, e.g. hvdkitrun python train.py")
         if token is None:
             raise LaunchError(
-                "the worker has no job token: set HVDKIT_JOB_TOKEN to the token the scheduler "
+                f"the worker has no job token: set {config.JOB_TOKEN} to the token the scheduler "
                 "printed (or set it for both before starting them)."
             )
         return run_worker(host, port, token, argv, timeout, config.get(config.LOG_DIR))
-    raise LaunchError(f"HVDKIT_ROLE={role!r} is not a role; use 'scheduler' or 'worker'.")
+    raise LaunchError(
+        f"{config.named(config.ROLE)}={role!r} is not a role; use 'scheduler' or 'worker'."
+    )

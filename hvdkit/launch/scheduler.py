@@ -102,12 +102,13 @@ class Scheduler:
         elastic: bool = False,
     ):
         if worker_num < 1:
-            raise LaunchError(f"HVDKIT_WORKER_NUM={worker_num} must be at least 1.")
+            raise LaunchError(f"{config.named(config.WORKER_NUM)}={worker_num} must be at least 1.")
         min_workers = worker_num if min_workers is None else min_workers
         if not 1 <= min_workers <= worker_num:
             raise LaunchError(
-                f"HVDKIT_MIN_WORKERS={min_workers} must be between 1 and HVDKIT_WORKER_NUM="
-                f"{worker_num}; lower it or raise HVDKIT_WORKER_NUM."
+                f"{config.MIN_WORKERS}={min_workers} must be between 1 and "
+                f"{config.named(config.WORKER_NUM)}={worker_num}; lower it or raise "
+                f"{config.named(config.WORKER_NUM)}."
             )
         self.worker_num, self.token, self.timeout_s = worker_num, token, timeout_s
         self.min_workers, self.replace_timeout_s = min_workers, replace_timeout_s
@@ -128,7 +129,8 @@ class Scheduler:
             self.sock.close()
             raise LaunchError(
                 f"the scheduler cannot listen on {host}:{port}: {exc.strerror}. Another job may "
-                "use this port: choose another HVDKIT_SCHED_PORT (and give it to the workers)."
+                f"use this port: choose another {config.named(config.SCHED_PORT)} (and give it to "
+                "the workers)."
             ) from None
         self.sock.listen(64)
         # (registration, round or None if the connection was lost, code, detail, tail);
@@ -180,7 +182,8 @@ class Scheduler:
                 raise LaunchError(
                     f"only {len(regs)} of {self.worker_num} workers registered within "
                     f"{self.timeout_s:g} s (arrived: {where}). Start the missing workers with "
-                    "the same HVDKIT_SCHED_HOST/PORT and job token, or lower HVDKIT_WORKER_NUM."
+                    f"the same {config.named(config.SCHED_HOST)}/{config.named(config.SCHED_PORT)} "
+                    f"and job token, or lower {config.named(config.WORKER_NUM)}."
                 )
             reg = self._accept_one(min(left, 1.0))
             if reg is None:
@@ -378,14 +381,15 @@ class Scheduler:
             raise LaunchError(
                 f"only {len(regs)} worker(s) left after the failure and none came to replace the "
                 f"lost ones within {self.timeout_s:g} s; the job needs at least "
-                f"HVDKIT_MIN_WORKERS={self.min_workers}. Start replacement workers with the same "
-                "job token, or lower HVDKIT_MIN_WORKERS."
+                f"{config.MIN_WORKERS}={self.min_workers}. Start replacement workers with the "
+                f"same job token, or lower {config.MIN_WORKERS}."
             )
         if len(regs) < self.worker_num:
             log.warning(
-                "continuing on %d of %d workers (HVDKIT_MIN_WORKERS=%d)",
+                "continuing on %d of %d workers (%s=%d)",
                 len(regs),
                 self.worker_num,
+                config.MIN_WORKERS,
                 self.min_workers,
             )
         return regs

@@ -62,7 +62,8 @@ def connect(host: str, port: int, timeout_s: float) -> Channel:
             time.sleep(0.5)
     raise LaunchError(
         f"cannot reach the scheduler at {host}:{port} within {timeout_s:g} s ({last}); check "
-        "HVDKIT_SCHED_HOST/HVDKIT_SCHED_PORT and that the scheduler is running."
+        f"{config.named(config.SCHED_HOST)}/{config.named(config.SCHED_PORT)} and that the "
+        "scheduler is running."
     )
 
 
@@ -273,7 +274,7 @@ def join(
                 f"could not register with the scheduler at {sched_host}:{sched_port} within "
                 f"{timeout_s:g} s: it started no handshake in {attempts} attempts (last: {last}). "
                 "Something may be holding its connections (a flood: firewall its port, see "
-                "docs/security.md); raise HVDKIT_SCHED_TIMEOUT to wait longer."
+                f"docs/security.md); raise {config.SCHED_TIMEOUT} to wait longer."
             )
         if told is None or now - told >= BUSY_LOG_EVERY_S:
             log.warning(
@@ -336,11 +337,11 @@ def _refused(where: str, reason: str) -> NoReturn:
     if reason.startswith(protocol.BAD_TOKEN):
         raise LaunchError(
             f"{where} refused this worker: {reason}. Use the job token the scheduler "
-            "printed (HVDKIT_JOB_TOKEN, or its token file)."
+            f"printed ({config.JOB_TOKEN}, or its token file)."
         )
     raise LaunchError(
-        f"{where} refused this worker: {reason}. Check that HVDKIT_SCHED_PORT is the "
-        "scheduler's port and that worker and scheduler run the same hvdkit version."
+        f"{where} refused this worker: {reason}. Check that {config.named(config.SCHED_PORT)} "
+        "is the scheduler's port and that worker and scheduler run the same hvdkit version."
     )
 
 

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import hvdkit
 from hvdkit import config, sink
-from hvdkit.launch import inprocess
+from hvdkit.launch import inprocess, roles
+from hvdkit.launch.scheduler import Scheduler
 
 JOB_VARS = [
     "HVDKIT_ROLE", "MS_ROLE", "HVDKIT_WORKER_NUM", "MS_WORKER_NUM", "HVDKIT_SCHED_HOST",
@@ -80,6 +81,28 @@ def test_role_under_a_launcher_is_refused(clean_env):
     clean_env.setenv("HOROVOD_SIZE", "2")
     with pytest.raises(hvdkit.LaunchError, match=r"MS_ROLE asks .* worker .* one of 2 processes"):
         hvdkit.init()
+
+
+def test_messages_name_the_variable_the_user_set(clean_env):
+    # hvdkit's name unless only MindSpore's is set; hvdkit's too when neither is (to set it)
+    assert config.named(config.WORKER_NUM) == "HVDKIT_WORKER_NUM"
+    clean_env.setenv("MS_WORKER_NUM", "two")
+    clean_env.setenv("MS_SCHED_HOST", "127.0.0.1")
+    assert [config.named(n) for n in config.JOB_VARS] == [
+        "HVDKIT_ROLE", "MS_WORKER_NUM", "MS_SCHED_HOST", "HVDKIT_SCHED_PORT",
+    ]  # fmt: skip
+    assert config.named(config.MIN_WORKERS) == "HVDKIT_MIN_WORKERS"  # no alias
+    with pytest.raises(hvdkit.LaunchError, match=r"^MS_WORKER_NUM='two' is not a whole number"):
+        roles.main("scheduler", [])
+    clean_env.setenv("MS_ROLE", "sched")
+    with pytest.raises(hvdkit.LaunchError, match=r"^MS_ROLE='sched' is not a role"):
+        roles.main("sched", [])
+    clean_env.setenv("MS_SCHED_PORT", "80.5")
+    with pytest.raises(hvdkit.LaunchError, match=r"^MS_SCHED_PORT='80.5' .*e\.g\. MS_SCHED_PORT="):
+        roles.main("worker", ["python", "-c", "pass"])
+    clean_env.setenv("HVDKIT_WORKER_NUM", "0")  # both set: hvdkit's wins, and is named
+    with pytest.raises(hvdkit.LaunchError, match=r"^HVDKIT_WORKER_NUM=0 must be at least 1"):
+        Scheduler("127.0.0.1", 0, 0, "t" * 32, 1.0)
 
 
 def test_launched_processes_may_keep_the_job_variables(clean_env):
