@@ -165,7 +165,7 @@ def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> An
                     _reset_compiled_functions(model)
             if rejoined and runtime.rank() == 0:
                 _meeting.write(
-                    config.get(config.ELASTIC_DIR),
+                    _meeting.shared_folder(),
                     _meeting.RESUMED,
                     f"{config.restart_count()} {state._commits}",
                 )
@@ -223,7 +223,7 @@ def _on_checkpointer(commit: MemoryCommit, event: str) -> None:
 
 def _say_finished() -> None:
     """Tell this rank's worker that training is over: it must not be taken into a new world."""
-    folder = config.get(config.ELASTIC_DIR)
+    folder = _meeting.shared_folder()
     if folder:
         _meeting.write(folder, _meeting.FINISHED, str(config.restart_count()))
 
@@ -263,7 +263,7 @@ def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
     for model in _models_of(commit.ckpt):
         _reset_compiled_functions(model)
     if runtime.rank() == 0:  # the scheduler's membership line names the step
-        _meeting.write(config.get(config.ELASTIC_DIR), _meeting.RESUMED, f"{round_} {step}")
+        _meeting.write(_meeting.shared_folder(), _meeting.RESUMED, f"{round_} {step}")
     back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
     _say_rejoined(
         old_rank,
@@ -365,7 +365,7 @@ class _LostPeerWatch:
 
     @classmethod
     def _loop(cls) -> None:
-        folder = config.get(config.ELASTIC_DIR)
+        folder = _meeting.shared_folder()
         while True:
             time.sleep(cls.POLL_S)
             cls.check(folder)
