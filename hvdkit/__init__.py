@@ -182,8 +182,11 @@ def init(backend: str | None = None, **kwargs) -> None:
     except ImportError:  # Keras 2: collectives still work, the optimizer does not
         pass
     else:
+        from .keras import _update_check
+
         callbacks.refuse_backup_and_restore()
         optimizer.route_loss_scaling()  # the one patch of Keras (hvdkit._compat)
+        _update_check.install()  # Optimizer.apply: weights updated with no reduction
     if early:
         _progress.rank_changed(runtime.rank())  # a failed first start may renumber it
     elif config.get(config.MONITOR_ADDR):

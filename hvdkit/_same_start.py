@@ -40,12 +40,12 @@ import tensorflow as tf
 
 from . import collectives, config, runtime
 from ._comm import meeting as _meeting
+from ._comm.fingerprints import POSITION_WEIGHTS  # position i weighs (i % 97) + 1
 from .errors import ConfigurationError
 
 logger = logging.getLogger("hvdkit")
 
 RTOL = 1e-6  # relative spread of a fingerprint still counted as equal
-_POSITION_WEIGHTS = 97  # position i weighs (i % 97) + 1: a permutation changes the sum
 _SHOWN = 5  # variables named in a message
 
 # ids of a variable list -> (weak references to the variables, its check): the check
@@ -66,21 +66,21 @@ def _remember(variables, value) -> None:
     _checks[tuple(id(v) for v in variables)] = ([weakref.ref(v) for v in variables], value)
 
 
-def _fingerprints(variables) -> tuple[tf.Tensor, tf.Tensor]:
+def fingerprints(variables) -> tuple[tf.Tensor, tf.Tensor]:
     """``(f, scale)``: per variable [sum, weighted sum] (float64, shape ``[2n]``) and magnitudes."""
     sums, scales = [], []
     for v in variables:
         x = tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float64), [-1])
-        w = tf.cast(tf.range(tf.size(x)) % _POSITION_WEIGHTS + 1, tf.float64)
+        w = tf.cast(tf.range(tf.size(x)) % POSITION_WEIGHTS + 1, tf.float64)
         sums += [tf.reduce_sum(x), tf.reduce_sum(x * w)]
         a = tf.reduce_sum(tf.abs(x))
-        scales += [a, a * _POSITION_WEIGHTS]
+        scales += [a, a * POSITION_WEIGHTS]
     return tf.stack(sums), tf.stack(scales)
 
 
 def _differing(variables, process_set, name: str) -> tf.Tensor:
     """Per variable: whether the ranks (of ``process_set``) hold different values. Shape ``[n]``."""
-    f, scale = _fingerprints(variables)
+    f, scale = fingerprints(variables)
     both = collectives.allreduce(
         tf.concat([f, -f, scale], 0), op=collectives.Max, name=name, process_set=process_set
     )

@@ -57,6 +57,9 @@ BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce b
 # keeps models with less than 4 MiB of gradients on one allreduce, as before buckets.
 DEFAULT_BUCKET_BYTES = 4 << 20
 SAME_START = "HVDKIT_SAME_START"  # ranks holding different weights at the start: error|warn|off
+UNREDUCED_UPDATE = "HVDKIT_UNREDUCED_UPDATE"  # weights updated unreduced: warn|error|off
+CHECK_WEIGHTS = "HVDKIT_CHECK_WEIGHTS"  # "1": the launcher compares the ranks' weights at the end
+WEIGHTS_DIR = "HVDKIT_WEIGHTS_DIR"  # set by the launcher: where each rank leaves that fingerprint
 PREEMPT_GRACE = "HVDKIT_PREEMPT_GRACE"  # seconds from SIGTERM to the job's end (default 25)
 CACHE_DIR = "HVDKIT_CACHE_DIR"  # built Horovod wheels (default ~/.cache/hvdkit)
 COMM_PRIORITY = "HVDKIT_COMM_PRIORITY"  # Horovod's threads on SCHED_RR (Gloo): 0, 1 or auto
@@ -82,6 +85,7 @@ REPLACE_TIMEOUT = "HVDKIT_REPLACE_TIMEOUT"  # seconds to wait for replacement wo
 DEFAULT_REPLACE_TIMEOUT_S = 10.0
 DEFAULT_PREEMPT_GRACE_S = 25.0  # Kubernetes waits 30 s after SIGTERM by default
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped for SIGTERM with a checkpoint; run again
+EXIT_WEIGHTS_DIFFER = 70  # EX_SOFTWARE: the job ended, its ranks with different weights
 DEFAULT_SCHED_PORT = 29500  # the scheduler's TCP port when none is set
 MINDSPORE_ALIASES = {
     ROLE: "MS_ROLE",
@@ -299,6 +303,32 @@ def same_start() -> str:
         "error, warn or off",
         "error (the default) stops a job whose ranks start from different weights, warn only "
         "says so, off skips the check (docs/training.md).",
+        None,
+    )
+
+
+UNREDUCED_UPDATE_VALUES = ("warn", "error", "off")
+
+
+def unreduced_update() -> str:
+    """``HVDKIT_UNREDUCED_UPDATE``: what a job of several ranks does when a plain Keras optimizer
+    updates trainable weights whose gradients no hvdkit reduction averaged.
+
+    ``"warn"`` (the default) logs one warning per optimizer on rank 0,
+    ``"error"`` raises :class:`~hvdkit.errors.ConfigurationError` on the ranks
+    that do it, ``"off"`` skips the check (:mod:`hvdkit.keras._update_check`).
+
+    Raises:
+        ConfigurationError: the value is none of ``warn``, ``error``, ``off``.
+    """
+    return _read(
+        UNREDUCED_UPDATE,
+        "warn",
+        lambda v: v if v in UNREDUCED_UPDATE_VALUES else None,
+        lambda v: True,
+        "warn, error or off",
+        "warn (the default) names the optimizer on rank 0 and trains on, error stops the job, "
+        "off skips the check (docs/divergence.md).",
         None,
     )
 

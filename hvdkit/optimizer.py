@@ -21,6 +21,7 @@ from ._comm import buckets as _buckets
 from ._comm import graph_progress as _graph_progress
 from ._comm import meeting as _meeting
 from ._comm import op_names as _op_names
+from ._comm import updates as _updates
 from ._comm.compression import Compression, Compressor
 from ._validate import check_int
 from .backends import ReduceOp
@@ -132,7 +133,9 @@ def reduce_gradients(
             allreduces, lists of variables are reduced together.
         variables: the variable of each gradient (for list ``groups``, and for
             the check that every rank starts from the same weights:
-            :mod:`hvdkit._same_start`, once per variable list).
+            :mod:`hvdkit._same_start`, once per variable list). Without it the
+            check runs when a Keras optimizer next applies the gradients
+            (:mod:`hvdkit.keras._update_check`).
         process_set: reduce within this registered set only (``Average``
             divides by its size; the buckets stay within it). On a rank
             outside the set, or for a set of one rank, the gradients are
@@ -151,8 +154,13 @@ def reduce_gradients(
     ps = process_sets.resolve(process_set, "reduce_gradients", member=False)
     n = len(ps.ranks) if ps.process_set_id else runtime.size()
     if n == 1 or not ps.included():
+        if variables is not None:  # a rank outside the set, or a set of one: local by design
+            _updates.mark_local(variables)
         return list(grads)
-    if variables is not None:
+    if variables is None:  # checked at the optimizer's update, which names them
+        _updates.note_unlisted(ps, n, tf.compat.v1.get_default_graph())
+    else:
+        _updates.mark_reduced(variables)
         waits = _same_start.check(variables, ps, n)
         if waits:  # only in a job whose ranks differed at their first reduction
             with tf.control_dependencies(waits):
@@ -582,13 +590,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
-        if self.op is ReduceOp.ADASUM and not self._skip_reduce:
-            self._adasum_apply(grads, trainable_variables)
-            return
-        if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self.reduce(grads, trainable_variables), trainable_variables)
-            return
-        self._accumulate_and_maybe_apply(grads, trainable_variables)
+        with _updates.reducing():  # the wrapped optimizer's update is not the unreduced mistake
+            if self.op is ReduceOp.ADASUM and not self._skip_reduce:
+                self._adasum_apply(grads, trainable_variables)
+            elif self.backward_passes_per_step == 1:
+                reduced = self.reduce(grads, trainable_variables)
+                self.inner_optimizer.apply(reduced, trainable_variables)
+            else:
+                self._accumulate_and_maybe_apply(grads, trainable_variables)
 
     def _adasum_apply(self, grads, trainable_variables):
         """Horovod's Adasum optimizer: step locally, exchange the weights' change every k steps.
@@ -601,14 +610,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """
         index = {id(v): i for i, v in enumerate(self._trainable_variables)}
         starts = [self._adasum_start[index[id(v)]] for v in trainable_variables]
-        first = tf.equal(self._pass_counter.value, 0)
-        for start, v in zip(starts, trainable_variables, strict=True):
-            start.assign(tf.where(first, v.value, start.value))
-        self.inner_optimizer.apply(grads, trainable_variables)
         k = self.backward_passes_per_step
         ps = process_sets.resolve(self.process_set, "DistributedOptimizer", member=False)
+        waits = []
         if runtime.size() > 1:
             collectives.check_adasum(ps, "DistributedOptimizer")
+            # Adasum exchanges the change of the weights: ranks that start apart stay apart
+            waits = _same_start.check(trainable_variables, ps, runtime.size())
+        first = tf.equal(self._pass_counter.value, 0)
+        with tf.control_dependencies(waits):
+            for start, v in zip(starts, trainable_variables, strict=True):
+                start.assign(tf.where(first, v.value, start.value))
+        self.inner_optimizer.apply(grads, trainable_variables)
 
         def exchange():
             deltas = [v.value - s.value for v, s in zip(trainable_variables, starts, strict=True)]

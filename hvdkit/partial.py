@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from . import process_sets, runtime
 from ._autograph import not_converted
+from ._comm import updates as _updates
 from .backends import ReduceOp
 from .errors import ConfigurationError
 from .optimizer import DistributedGradientTape, DistributedOptimizer, reduce_gradients
@@ -113,6 +114,7 @@ class PartialDistributedGradientTape(DistributedGradientTape):
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat, variables = tf.nest.flatten(grads), tf.nest.flatten(sources)
         local = self._local_ids(variables)
+        _updates.mark_local(v for v in variables if id(v) in local)  # not the unreduced mistake
         shared = [i for i, v in enumerate(variables) if id(v) not in local]
         reduced = reduce_gradients(
             [flat[i] for i in shared],
@@ -204,6 +206,7 @@ class PartialDistributedOptimizer(DistributedOptimizer):
         grads, variables = list(grads), list(variables)
         local = {id(v) for layer in self._local_layers for v in layer.trainable_variables}
         local |= {id(v) for v in self._local_vars}
+        _updates.mark_local(v for v in variables if id(v) in local)  # left out of fingerprints
         shared = [i for i, v in enumerate(variables) if id(v) not in local]
         reduced = super().reduce([grads[i] for i in shared], [variables[i] for i in shared])
         out = list(grads)

@@ -1,6 +1,7 @@
 """Around training, as users meet it (issue 35): ranks that start apart, save on one and load
-on all, optimizer identifiers, loading after Keras's registry was cleared. 2 ranks, Gloo and MPI;
-the checks are in tests/multiproc/user_scripts_worker.py."""
+on all, optimizer identifiers, loading after Keras's registry was cleared; weights updated with
+no hvdkit reduction and the end-of-job fingerprints (issue 51). 2 ranks, Gloo and MPI; the
+checks are in tests/multiproc/user_scripts_worker.py."""
 
 import pytest
 
@@ -23,6 +24,15 @@ EXPECTED = [
     "rank_zero_only_checkpoint_then_load_on_every_rank",
     "distributed_optimizer_takes_identifiers_and_configs",
     "load_after_custom_objects_cleared",
+    "correct_training_above_gave_no_unreduced_warning",
+    "plain_compile_fit_warns_once_on_rank0_naming_the_optimizer",
+    "gan_with_one_optimizer_unwrapped_names_only_that_one",
+    "custom_loop_plain_tape_warns_in_function_and_eagerly",
+    "error_setting_raises_on_every_rank",
+    "deliberate_and_reduced_paths_stay_silent",
+    "reduce_gradients_without_variables_gets_the_same_start_check",
+    "adasum_checks_the_same_start_over_mpi",
+    "fingerprints_name_the_ranks_that_ended_apart",
     "still_in_step_after_all_checks",
 ]
 

@@ -91,6 +91,12 @@ def leave(token: int) -> None:
             _completed += 1
 
 
+def completed_eagerly() -> int:
+    """Eager collectives completed so far (the update check's sign of a reduction in between)."""
+    with _lock:
+        return _completed
+
+
 def add_probe(probe: Probe) -> None:
     """Count what ``probe`` reports in every :func:`status` from now on."""
     with _lock:

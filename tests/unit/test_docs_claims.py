@@ -264,7 +264,7 @@ CLAIMS: list[tuple[str, str, str]] = [
     ),
     (
         "docs/porting-horovod.md",
-        "is refused with a `ValueError` (was a `KeyError`)",
+        "`process_set_id` was set by hand is refused with a `ValueError`",
         U + "test_process_sets_local.py",
     ),
     # --- security.md
