@@ -54,13 +54,27 @@ def test_every_variable_the_docs_name_exists():
     assert not unknown, "variables hvdkit does not read:\n" + "\n".join(unknown)
 
 
+_NEAR = re.compile(r"`(HVDKIT_\w+)`[^`|]{0,40}?default:? ([\d.]+) ?(s|MiB)?\b")
+_DEFAULT = re.compile(
+    r"default(?:s| is|:)? (?:of )?(?:`?\$?HVDKIT_\w+`? or )?\**(\d+(?:\.\d+)?)\** ?(s|MiB)?\b"
+)
+
+
 def quoted_defaults():
-    """(page, line, variable, quoted value) of every default quoted next to a variable."""
-    prose = re.compile(r"`(HVDKIT_\w+)`[^`|]{0,40}?default:? ([\d.]+) ?(s|MiB)?\b")
+    """(page, line, variable, quoted value) of every default quoted for a variable.
+
+    A default right after the variable (`HVDKIT_X` ..., default 25), any "default N"
+    in a block naming one variable that has a default, and the last cell of a table
+    row that starts with the variable.
+    """
     for page in PAGES:
         for number, block in blocks(page):
-            for variable, value, unit in prose.findall(block):
+            for variable, value, unit in _NEAR.findall(block):
                 yield page, number, variable, float(value) * _UNITS[unit]
+            named = {v for v in VARIABLE.findall(block) if v in SETTINGS and default_of(v)}
+            if len(named) == 1:
+                for value, unit in _DEFAULT.findall(block):
+                    yield page, number, next(iter(named)), float(value) * _UNITS[unit]
             row = re.match(r"\| `(HVDKIT_\w+)`.*\| `(\d+(?:\.\d+)?)` \|$", block)
             if row:
                 yield page, number, row.group(1), float(row.group(2))
@@ -77,7 +91,7 @@ def test_quoted_defaults_are_configs():
                 f"{page}:{number}: {variable} default {value:g}, config says {default_of(variable)}"
             )
     assert not wrong, "\n".join(wrong)
-    assert seen >= 3, "the check found almost no quoted defaults: is the pattern still right?"
+    assert seen >= 8, "the check found almost no quoted defaults: is the pattern still right?"
 
 
 def test_the_wheel_cache_quoted_in_the_docs_is_where_the_build_puts_it(monkeypatch, tmp_path):
