@@ -91,3 +91,9 @@ def test_the_list_reader_on_a_known_row():
     ]
     assert resolve("callbacks.RankZeroOnly")[0] == "hvdkit.callbacks.RankZeroOnly"
     assert resolve("no_such_name") is None
+
+
+def test_readme_opens_with_the_two_commands():
+    first_block = re.search(r"```\w*\n(.*?)```", text("README.md"), re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands == ["scripts/demo.sh", "scripts/test.sh"], commands
