@@ -33,6 +33,10 @@ FAMILIES = {
         re.compile(r"(\d\.\d+–\d\.\d+) ?[x×] Horovod's time"),
         "docs/performance.md",
     ),
+    "sink mode's gain with 2 processes": (
+        re.compile(r"2 processes \((\d\.\d+)×\)|(\d\.\d+)× over Gloo, [\d.–]+× over MPI"),
+        "docs/sink.md",
+    ),
     "the ResNet-50-sized prediction": (
         re.compile(r"(\d+–\d+) ?% scaling efficiency"),
         "docs/performance.md",
