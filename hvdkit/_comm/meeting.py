@@ -28,8 +28,9 @@ of the others.
 
 Also here, below :mod:`hvdkit.runtime` and the optimizer, because both need
 them without the fault-tolerance package: :func:`join_next_world` (wait for
-the next world and start in it; runtime's and the Checkpointer's retries use
-it) and :func:`state_pending` (the optimizer's step check asks it).
+the next world and start in it: a failed start of :func:`hvdkit.runtime.init`,
+and :func:`hvdkit.runtime.rejoin`, which :mod:`hvdkit.fault._next_world`'s one
+lost-peer loop calls) and :func:`state_pending` (the optimizer's step check asks it).
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ class MemoryCommit:
         Every survivor holds the same commit; rank 0's is sent to all, with the
         same two collectives as :meth:`hvdkit.Checkpointer.restore`, so a rank
         that joins the job (it calls ``restore()`` in its fresh process)
-        receives it too. The sampler takes the new world's shards and
-        re-shards the epoch's rest.
+        receives it too. The sampler, on the new world's shards already
+        (:func:`hvdkit.fault._next_world.retry`), re-shards the epoch's rest.
         """
         variables = self.load(take_state=False)
         return self._adopt_from_root(self._state(), variables)
@@ -106,10 +106,10 @@ class MemoryCommit:
         if runtime.size() > 1:
             header = collectives.broadcast_object(header, 0)
             collectives.broadcast_variables(variables, 0)
+        # The sampler took this world's shards as the rank joined it (hvdkit.fault._next_world);
+        # the state it loads now shares out the rest of the epoch over them.
         _phases.enter("reshard")
         ckpt = self.ckpt
-        if ckpt.sampler is not None:
-            ckpt.sampler.reshard(runtime.size(), runtime.rank())
         ckpt.load_state_dict(json.loads(json.dumps(header["state"])))
         self.save()
         ckpt.reschedule()

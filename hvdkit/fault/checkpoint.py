@@ -20,27 +20,25 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import sys
-import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
 
 import keras
-import numpy as np
 
-from .. import _compat, _phases, collectives, config, errors, runtime
-from .._comm import meeting as _meeting
-from .._validate import check_int, is_number
+from .. import _phases, collectives, errors, runtime
+from .._validate import check_int
 from ..data.sampler import ShardPositionCallback, ShardSampler
-from ..data.sharding import shard_length
 from ..errors import ConfigurationError, HvdkitError
 from . import _checkpoint_files as files
-from . import preemption
+from ._background_write import BackgroundWriter
+from ._checkpoint_callback import CheckpointCallback
+from ._checkpoint_read import CheckpointWarning, check_writable, dtype_name, newest
+from ._next_world import retry
+from ._preemption_stop import PreemptionStop
+from ._save_schedule import SaveSchedule
+from ._training_state import check_extra, resume_sampler, rng_state, set_rng_state
 
 __all__ = ["Checkpointer", "CheckpointWarning"]
 
@@ -50,44 +48,47 @@ __all__ = ["Checkpointer", "CheckpointWarning"]
 _write_hook = None
 
 
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped on restore (torn or corrupt); the message names it."""
+def _check_arguments(directory, model, sampler, keep, extra, background) -> None:
+    """The Checkpointer's arguments other than the schedule's (:class:`SaveSchedule` checks those).
+
+    Raises:
+        ConfigurationError: one is of the wrong kind; names it and what to pass.
+    """
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise ConfigurationError(
+            f"Checkpointer: directory={directory!r} is not a path; pass the folder "
+            "to keep checkpoints in (or None to keep the last save in memory only)."
+        )
+    if not isinstance(model, keras.Model):
+        raise ConfigurationError(
+            f"Checkpointer: model={model!r} is not a keras.Model; pass the model trained."
+        )
+    if sampler is not None and not isinstance(sampler, ShardSampler):
+        raise ConfigurationError(
+            f"Checkpointer: sampler={sampler!r} is not an hvdkit.data.ShardSampler; "
+            "pass the sampler whose dataset is trained on, or None."
+        )
+    check_int(
+        "keep",
+        keep,
+        minimum=1,
+        message=f"Checkpointer: keep={keep!r} must be an int >= 1 (checkpoints kept on disk).",
+    )
+    check_extra({} if extra is None else extra)
+    if not isinstance(background, bool):
+        raise ConfigurationError(
+            f"Checkpointer: background={background!r} must be True (write in a thread) "
+            "or False (save() returns once the checkpoint is on disk)."
+        )
 
 
-def _dtype_name(variable) -> str:
-    return keras.backend.standardize_dtype(variable.dtype)
-
-
-def _numpy_dtype(name: str, variable) -> np.dtype:
-    try:
-        return np.dtype(name)
-    except TypeError:  # e.g. bfloat16, known to NumPy only through ml_dtypes' scalar type
-        return np.asarray(variable.numpy()).dtype
-
-
-def _rng_state() -> dict:
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    seed_state = _compat.keras_global_seed_state()
-    return {
-        "python": [version, list(internal), gauss],
-        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "keras_global_seed": None if seed_state is None else np.asarray(seed_state).tolist(),
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if state["keras_global_seed"] is not None:
-        var = _compat.keras_global_seed_state(create=True)
-        var.assign(np.asarray(state["keras_global_seed"], dtype=var.dtype))
-
-
-# The background write in progress per checkpoint directory (rank 0, this process).
-_writing: dict[Path, threading.Thread] = {}
+def _schedule_setting(name: str) -> property:
+    """``Checkpointer.<name>``: the save schedule's setting of that name, to read and to set."""
+    return property(
+        lambda self: getattr(self._schedule, name),
+        lambda self, value: setattr(self._schedule, name, value),
+        doc=f"The save schedule's ``{name}`` (``None``: none).",
+    )
 
 
 class Checkpointer:
@@ -173,67 +174,22 @@ class Checkpointer:
         preemption: bool = True,
         background: bool = True,
     ):
-        if directory is not None and not isinstance(directory, (str, os.PathLike)):
-            raise ConfigurationError(
-                f"Checkpointer: directory={directory!r} is not a path; pass the folder "
-                "to keep checkpoints in (or None to keep the last save in memory only)."
-            )
-        if not isinstance(model, keras.Model):
-            raise ConfigurationError(
-                f"Checkpointer: model={model!r} is not a keras.Model; pass the model trained."
-            )
-        if sampler is not None and not isinstance(sampler, ShardSampler):
-            raise ConfigurationError(
-                f"Checkpointer: sampler={sampler!r} is not an hvdkit.data.ShardSampler; "
-                "pass the sampler whose dataset is trained on, or None."
-            )
-        schedule = "must be a positive number, or None for no schedule of that kind."
-        if every_steps is not None:
-            every_steps = check_int(
-                "every_steps",
-                every_steps,
-                minimum=1,
-                message=f"Checkpointer: every_steps={every_steps!r} {schedule}",
-            )
-        if every_seconds is not None and (not is_number(every_seconds) or every_seconds <= 0):
-            raise ConfigurationError(f"Checkpointer: every_seconds={every_seconds!r} {schedule}")
-        keep = check_int(
-            "keep",
-            keep,
-            minimum=1,
-            message=f"Checkpointer: keep={keep!r} must be an int >= 1 (checkpoints kept on disk).",
-        )
-        extra = {} if extra is None else extra
-        self._check_extra(extra)
+        _check_arguments(directory, model, sampler, keep, extra, background)
+        self._schedule = SaveSchedule(every_steps, every_seconds)  # (checks both)
         self.directory = None if directory is None else Path(directory)
         self.model = model
         self._optimizer = optimizer
         self.sampler = sampler
-        self.every_steps = every_steps
-        self.every_seconds = every_seconds
-        self.keep = keep
-        self.extra = extra
+        self.keep = int(keep)
+        self.extra = {} if extra is None else extra
         self.step = 0
         self.epoch = 0
         self.last_path: Path | None = None
-        self._last_save_time = time.monotonic()
-        self._next_check = 1  # step of the next every_seconds decision
-        self._check_time = time.monotonic()
-        self._check_step = 0
-        self._scheduled_step = 0  # last step the schedule looked at
-        self._preemption_wanted = bool(preemption)
-        self._preemption = None  # a preemption.Watch, installed by restore()
-        self._listeners: list[Callable[[str, Checkpointer], None]] = []  # add_listener()
         self.restored = False  # restore() ran (hvdkit.elastic.run restores only if not)
-        if not isinstance(background, bool):
-            raise ConfigurationError(
-                f"Checkpointer: background={background!r} must be True (write in a thread) "
-                "or False (save() returns once the checkpoint is on disk)."
-            )
         self.background = background
-        self._writer: threading.Thread | None = None  # rank 0's write in progress
-        self._write_error: tuple[Path, BaseException] | None = None
-        self._buffers: list = []  # rank 0: the background snapshot's arrays, reused
+        self._writer = BackgroundWriter(self.directory)  # rank 0's writes
+        self._stop = PreemptionStop(preemption)  # installed by restore()
+        self._listeners: list[Callable[[str, Checkpointer], None]] = []  # add_listener()
 
     def __repr__(self) -> str:
         return (
@@ -243,18 +199,8 @@ class Checkpointer:
             f"keep={self.keep})"
         )
 
-    # ------------------------------------------------------------ helpers
-    @staticmethod
-    def _check_extra(extra: Any) -> None:
-        try:
-            ok = isinstance(extra, dict) and json.loads(json.dumps(extra)) is not None
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ConfigurationError(
-                f"Checkpointer: extra={extra!r} is not a JSON-serialisable dict; keep only "
-                "str keys and numbers, strings, lists and dicts in it."
-            )
+    every_steps = _schedule_setting("every_steps")
+    every_seconds = _schedule_setting("every_seconds")
 
     @property
     def optimizer(self):
@@ -276,89 +222,6 @@ class Checkpointer:
         if not opt.built:
             opt.build(self.model.trainable_variables)
         return list(self.model.variables), list(opt.variables)
-
-    def _check_directory(self) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / f".hvdkit-write-test-{os.getpid()}"
-            files.write_file(probe, b"ok")
-            probe.unlink()
-        except OSError as e:
-            raise ConfigurationError(
-                f"checkpoint directory {str(self.directory)!r} is not writable "
-                f"({e.strerror or e}); pass a directory this process can create and write "
-                "(every rank passes the same path; only rank 0 writes)."
-            ) from e
-
-    # ------------------------------------------------------------ restore
-    def _find_on_root(self, variables: list) -> tuple[Path, dict, list, dict] | None:
-        self._check_directory()
-        found, torn = files.scan(self.directory)
-        for path, why in torn:
-            warnings.warn(
-                f"skipping torn checkpoint {path}: {why}; the next save removes it.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-        for _, folder in found:
-            manifest = files.read_manifest(folder)
-            payload, problem = files.read_payload(folder, manifest)
-            if problem is not None:
-                aside = folder.with_name(f"corrupt-{folder.name}-{int(time.time())}")
-                folder.rename(aside)
-                warnings.warn(
-                    f"skipping corrupt checkpoint {folder}: {problem}; moved it to {aside} "
-                    "and trying the one before.",
-                    CheckpointWarning,
-                    stacklevel=3,
-                )
-                continue
-            self._check_matches(folder, manifest, variables)
-            state = json.loads(payload[files.STATE])
-            raw = payload[files.ARRAYS]
-            arrays = [
-                np.frombuffer(
-                    raw,
-                    dtype=_numpy_dtype(e["dtype"], var),
-                    count=int(np.prod(e["shape"])),
-                    offset=e["offset"],
-                ).reshape(e["shape"])
-                for e, var in zip(manifest["variables"], variables, strict=True)
-            ]
-            return folder, manifest, arrays, state
-        return None
-
-    def _check_matches(self, folder: Path, manifest: dict, variables: list) -> None:
-        saved = manifest["variables"]
-        here = [
-            {
-                "name": getattr(v, "path", v.name),
-                "shape": list(v.shape),
-                "dtype": _dtype_name(v),
-            }
-            for v in variables
-        ]
-        diffs = []
-        if len(saved) != len(here):
-            groups = {g: sum(e["group"] == g for e in saved) for g in ("model", "optimizer")}
-            diffs.append(
-                f"it holds {groups['model']} model and {groups['optimizer']} optimizer "
-                f"variables, this model and optimizer have {len(self.model.variables)} and "
-                f"{len(here) - len(self.model.variables)}"
-            )
-        for i, (s, h) in enumerate(zip(saved, here, strict=False)):
-            if s["shape"] != h["shape"] or s["dtype"] != h["dtype"]:
-                diffs.append(
-                    f"variable {i} {s['name']!r} is {s['dtype']}{s['shape']} there, "
-                    f"{h['name']!r} is {h['dtype']}{h['shape']} here"
-                )
-        if diffs:
-            raise ConfigurationError(
-                f"checkpoint {folder / files.MANIFEST} was written for another model: "
-                f"{'; '.join(diffs[:3])}{' ...' if len(diffs) > 3 else ''}. Point the "
-                "Checkpointer at another directory for this model, or move that folder away "
-                "to start afresh."
-            )
 
     def restore(self) -> int:
         """Load the newest complete checkpoint on rank 0 and broadcast it; call on every rank.
@@ -387,21 +250,7 @@ class Checkpointer:
         the survivors' roll back) is one more regroup: the rank meets the next
         world (:func:`hvdkit.runtime.rejoin`) and restores there.
         """
-        while True:
-            try:
-                return self._restore_once()
-            except Exception as exc:
-                if not _meeting.enabled() or not _meeting.peer_lost(exc):
-                    raise
-                print(
-                    f"hvdkit: rank {runtime.rank()} of {runtime.size()}: a peer was lost during "
-                    f"the restore ({type(exc).__name__}); it meets the next world",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            runtime.rejoin()
-            if self.sampler is not None:  # the new world's shards, as a roll back takes them
-                self.sampler.reshard(runtime.size(), runtime.rank())
+        return retry(lambda _move: self._restore_once(), where="the restore", sampler=self.sampler)
 
     def _restore_once(self) -> int:
         _phases.enter("restore")
@@ -412,21 +261,18 @@ class Checkpointer:
         if root:
             try:
                 self.wait()
-                # another Checkpointer of this process may still write here
-                other = self.directory and _writing.get(self.directory.resolve())
-                if other is not None:
-                    other.join()
+                self._writer.wait_for_others()  # another Checkpointer of this process
             except Exception as e:  # every rank must learn of it, or the others wait
                 failure = e
-        self._watch_steps()
+        self._stop.install()
         header: dict = {"ok": True, "state": None}
         if failure is not None:
             header = {"ok": False, "type": "HvdkitError", "message": f"on rank 0: {failure}"}
         elif root:
             try:
-                found = None if self.directory is None else self._find_on_root(variables)
+                found = self.directory and newest(self.directory, variables, len(model_vars))
                 if found is not None:
-                    folder, _, arrays, state = found
+                    folder, arrays, state = found
                     for var, value in zip(variables, arrays, strict=True):
                         var.assign(value)
                     header = {"ok": True, "state": state, "path": str(folder)}
@@ -453,15 +299,6 @@ class Checkpointer:
         self._tell("restore")
         return self.step
 
-    def _watch_steps(self) -> None:
-        """Install what decides with the other ranks at step boundaries (preemption, growth)."""
-        if self._preemption_wanted:
-            self._preemption = preemption.watch()
-        elif _meeting.enabled():  # the step exchange without a SIGTERM handler
-            self._preemption = preemption.Watch(config.preempt_grace())
-        if self._preemption is not None and _meeting.enabled():
-            self._preemption.join_waiting = _meeting.join_waiting
-
     # ------------------------------------------------------------ state, for hvdkit.elastic
     def variables(self) -> list:
         """The model's variables, then the optimizer's (built if it is not yet): what is saved.
@@ -481,7 +318,7 @@ class Checkpointer:
             "step": self.step,
             "epoch": self.epoch,
             "sampler": None if self.sampler is None else self.sampler.state_dict(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "extra": json.loads(json.dumps(self.extra)),
         }
 
@@ -496,12 +333,10 @@ class Checkpointer:
         self.epoch = int(state["epoch"])
         self.extra.clear()
         self.extra.update(state["extra"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         if self.sampler is not None and state["sampler"] is not None:
-            self._restore_sampler(state["sampler"])
-        self._scheduled_step = self._check_step = self.step
-        self._next_check = self.step + 1
-        self._last_save_time = self._check_time = time.monotonic()
+            self.epoch = resume_sampler(self.sampler, state["sampler"])
+        self._schedule.restart(self.step)
 
     def add_listener(self, listener: Callable[[str, Checkpointer], None]) -> None:
         """Call ``listener(event, self)`` on this rank after each restore and save.
@@ -522,27 +357,7 @@ class Checkpointer:
 
         Call it on every rank alike, e.g. in a new world (:mod:`hvdkit.elastic`).
         """
-        if self._preemption is not None:
-            self._preemption.restart()
-
-    def _regroup(self, step: int) -> NoReturn:
-        """Every rank: leave for the bigger world after ``step`` (a worker waits to join)."""
-        self.step = int(step)
-        raise preemption.Regroup(self.step)
-
-    def _restore_sampler(self, saved: dict) -> None:
-        s = self.sampler
-        s.load_state_dict(saved)
-        # Decided from the saved state (the same on every rank): is anything
-        # left of this epoch for rank 0, whose shard is never shorter?
-        same = saved["num_shards"] == s.num_shards
-        start = saved.get("start", 0) if same else saved.get("cursor", 0)
-        left = shard_length(s.num_samples, s.num_shards, 0, s.mode, start)
-        if same:
-            left -= saved["position"]
-        if left <= 0:
-            s.set_epoch(s.epoch + 1)
-        self.epoch = s.epoch
+        self._stop.restart()
 
     # ------------------------------------------------------------ save
     def save(self, step: int) -> Path | None:
@@ -567,16 +382,16 @@ class Checkpointer:
             message=f"Checkpointer.save: step={step!r} must be an int >= 0 (training steps done).",
         )
         self.step = step
-        self._last_save_time = time.monotonic()
+        self._schedule.saved()
         if self.sampler is not None:
             self.epoch = self.sampler.epoch
         self._tell("save")
         _phases.enter("save")
         if runtime.rank() != 0 or self.directory is None:
             return None
-        self._check_extra(self.extra)
+        check_extra(self.extra)
         self.wait()  # one write at a time; a failed one is raised here
-        self._check_directory()
+        check_writable(self.directory)
         found, torn = files.scan(self.directory)
         newer = [p.name for s, p in found if s > step]
         if newer:
@@ -590,35 +405,19 @@ class Checkpointer:
         model_vars, opt_vars = self._variables()
         named = [("model", v) for v in model_vars] + [("optimizer", v) for v in opt_vars]
         state = {**self.state_dict(), "world_size": runtime.size(), "saved_at": time.time()}
-
-        def entry(group, v):
-            return {"group": group, "name": getattr(v, "path", v.name), "dtype": _dtype_name(v)}
-
-        folder = files.final_folder(self.directory, step)
-        self.last_path = folder
-        if not self.background:
-            arrays = ((entry(group, v), v.numpy) for group, v in named)
-            self._write(step, arrays, state)
-            return folder
-        # The snapshot: training changes the variables as soon as we return. It goes
-        # into buffers kept from the last save (the previous write is finished).
-        buffers = self._buffers + [None] * (len(named) - len(self._buffers))
-        self._buffers = [
-            _compat.copy_variable(v, out) for (_, v), out in zip(named, buffers, strict=False)
+        entries = [
+            {"group": group, "name": getattr(v, "path", v.name), "dtype": dtype_name(v)}
+            for group, v in named
         ]
-        arrays = (
-            (entry(group, v), (lambda a=a: a))
-            for (group, v), a in zip(named, self._buffers, strict=True)
-        )
-        self._writer = threading.Thread(
-            target=self._write_in_background,
-            args=(step, arrays, state),
-            name=f"hvdkit-checkpoint-{step}",
-            daemon=False,  # the interpreter waits for it at exit: the last save is kept
-        )
-        self._writer.start()
-        _writing[self.directory.resolve()] = self._writer
-        return folder
+        self.last_path = files.final_folder(self.directory, step)
+        if not self.background:
+            self._write(step, zip(entries, (v.numpy for _, v in named), strict=True), state)
+            return self.last_path
+        # training changes the variables as soon as we return: write a copy
+        copies = self._writer.snapshot([v for _, v in named])
+        arrays = ((e, (lambda a=a: a)) for e, a in zip(entries, copies, strict=True))
+        self._writer.start(step, lambda: self._write(step, arrays, state))
+        return self.last_path
 
     def _write(self, step: int, arrays, state: dict) -> None:
         """Write, fsync and rename one checkpoint, then drop the oldest beyond ``keep``."""
@@ -626,12 +425,6 @@ class Checkpointer:
         found, _ = files.scan(self.directory)
         for _, old in found[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
-
-    def _write_in_background(self, step: int, arrays, state: dict) -> None:
-        try:
-            self._write(step, arrays, state)
-        except BaseException as e:  # raised on the training thread at the next wait()
-            self._write_error = (files.final_folder(self.directory, step), e)
 
     def wait(self) -> None:
         """Block until rank 0's background write (if any) is on disk; a no-op elsewhere.
@@ -644,45 +437,16 @@ class Checkpointer:
             >>> ckpt.save(step)
             >>> ckpt.wait()          # e.g. before copying ckpt.last_path elsewhere
         """
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.join()
-        if self._write_error is not None:
-            folder, cause = self._write_error
-            self._write_error = None
-            raise HvdkitError(
-                f"writing checkpoint {folder.name} in the background failed: "
-                f"{type(cause).__name__}: {cause}. The earlier checkpoints are intact; check "
-                f"that {self.directory} is writable and has space."
-            ) from cause
+        self._writer.wait()
 
     # ------------------------------------------------------------ schedule
     def due(self, step: int) -> bool:
         """Whether the schedule saves after ``step``; every rank must call it at the same steps.
 
-        ``every_steps``: ``step`` reached a multiple of it since the last
-        call. ``every_seconds``: rank 0's clock decides, at steps chosen so
-        that it decides about ten times per interval, and broadcasts the
-        decision (a collective at those steps only).
+        ``every_seconds``: rank 0's clock decides about ten times per interval,
+        and broadcasts the decision (a collective at those steps only).
         """
-        step = int(step)
-        due = False
-        if self.every_steps is not None:
-            due = step // self.every_steps > self._scheduled_step // self.every_steps
-        self._scheduled_step = step
-        if self.every_seconds is not None and step >= self._next_check:
-            decision = None
-            if runtime.rank() == 0:
-                now = time.monotonic()
-                rate = (step - self._check_step) / max(now - self._check_time, 1e-9)
-                ahead = max(1, int(rate * self.every_seconds / 10))
-                decision = (now - self._last_save_time >= self.every_seconds, step + ahead)
-                self._check_time, self._check_step = now, step
-            if runtime.size() > 1:
-                decision = collectives.broadcast_object(decision, 0)
-            timed, self._next_check = decision
-            due = due or timed
-        return due
+        return self._schedule.due(step)
 
     def maybe_save(self, step: int) -> bool:
         """Save if :meth:`due`; for custom loops, called on every rank after every step or sink.
@@ -700,35 +464,8 @@ class Checkpointer:
             self.save(step)
         else:
             self.step = int(step)
-        if self._preemption is not None and self._preemption.decide(step):
-            self._stop_for_preemption(int(step), saved)
-        if self._preemption is not None and self._preemption.regroup:
-            self._regroup(int(step))
+        self._stop.after_step(self, step, saved)
         return saved
-
-    def _stop_for_preemption(self, step: int, saved: bool) -> None:
-        """Every rank: make sure ``step`` is saved and on disk, then raise Preempted."""
-        outcome = {"ok": True}
-        if runtime.rank() == 0:
-            try:
-                if not saved:
-                    self.save(step)
-                self.wait()  # on disk before anyone leaves
-            except Exception as e:  # every rank must learn of it, or the others wait
-                outcome = {"ok": False, "message": f"{type(e).__name__}: {e}"}
-                failure = e
-        else:
-            self.save(step)  # records the step; rank 0 writes
-        if runtime.size() > 1:  # nobody leaves before rank 0's checkpoint is written
-            outcome = collectives.broadcast_object(outcome, 0)
-        if not outcome["ok"]:
-            if runtime.rank() == 0:
-                raise failure
-            raise HvdkitError(
-                f"preempted after step {step}, but rank 0 could not save it: {outcome['message']}"
-            )
-        self._preemption.stopped(step)
-        raise preemption.Preempted(step, self.last_path if runtime.rank() == 0 else None)
 
     def callback(self, batch_size: int | None = None) -> keras.callbacks.Callback:
         """A Keras callback that counts steps and saves on the schedule during ``fit``.
@@ -753,50 +490,4 @@ class Checkpointer:
                     "this Checkpointer has none; drop batch_size or pass sampler=."
                 )
             position = ShardPositionCallback(self.sampler, batch_size)
-        return _CheckpointCallback(self, position)
-
-
-class _CheckpointCallback(keras.callbacks.Callback):
-    def __init__(self, ckpt: Checkpointer, position: ShardPositionCallback | None):
-        super().__init__()
-        self.ckpt = ckpt
-        self.position = position
-        self._batch = -1
-        self._before = None
-
-    def set_model(self, model):
-        super().set_model(model)
-        if self.position is not None:
-            self.position.set_model(model)
-
-    def on_train_begin(self, logs=None):
-        if self.position is not None:
-            self.position.on_train_begin(logs)
-        s = self.ckpt.sampler
-        self._before = None if s is None or self.position is not None else (s.epoch, s.position)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if self.position is not None:
-            self.position.on_epoch_begin(epoch, logs)
-        self._batch = -1
-        if self.ckpt.sampler is None:
-            self.ckpt.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.position is not None:
-            self.position.on_train_batch_end(batch, logs)
-        s = self.ckpt.sampler
-        if self._before is not None:
-            if (s.epoch, s.position) == self._before:
-                raise ConfigurationError(
-                    "Checkpointer.callback(): the sampler did not advance in the first step, "
-                    "so its saved position would be stale. List "
-                    "hvdkit.data.ShardPositionCallback(sampler, batch_size) before "
-                    "ckpt.callback() in callbacks=, or use ckpt.callback(batch_size=...)."
-                )
-            self._before = None
-        # Keras passes the index of the last batch of each step (one call per
-        # steps_per_execution or per sink), counted from 0 in every epoch.
-        step = self.ckpt.step + batch - self._batch
-        self._batch = batch
-        self.ckpt.maybe_save(step)
+        return CheckpointCallback(self, position)

@@ -51,10 +51,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -66,6 +63,7 @@ from .._comm.meeting import enabled
 from ..errors import NotSupportedError
 from . import _failed_attempt
 from ._memory_commit import MemoryCommit
+from ._next_world import LostPeerWatch, Move, retry
 from .preemption import Regroup
 
 __all__ = ["run", "enabled", "Regroup"]  # and Horovod's state classes (hvdkit.fault.elastic_state)
@@ -130,59 +128,66 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         elif commit is not None:  # restored before run(): that state is the first commit
             _on_checkpointer(commit, "restore")
         if enabled():  # (after the restore, whose own rejoin the watch must not see)
-            _LostPeerWatch.start_once()
-        while True:
-            try:
-                result = func(state, *args, **kwargs)
-            except Regroup as exc:
-                _recover(commit, exc)
-            except Exception as exc:
-                if not enabled() or not _meeting.peer_lost(exc):
-                    raise
-                _recover(commit, exc)
-            else:
-                _phases.enter("end")
-                _say_finished()
-                return result
+            LostPeerWatch.start_once()
+
+        def attempt(move: Move | None):
+            if move is not None:
+                _roll_back(commit, move)
+            return func(state, *args, **kwargs)
+
+        def leave(exc: BaseException) -> None:
+            _failed_attempt.let_go(exc)
+            if isinstance(exc, Regroup):  # every rank left at the same step: commit it
+                commit.save()
+
+        result = retry(attempt, regroup=True, sampler=state.sampler, leave=leave)
+        _phases.enter("end")
+        _say_finished()
+        return result
 
     return wrapper
 
 
 def _run_state(func: Callable[..., Any], state, args: tuple, kwargs: dict) -> Any:
     """Horovod's elastic loop for one of its state classes, on hvdkit's elastic runtime."""
+    from .elastic_state import TensorFlowKerasState
+
     if enabled():
-        _LostPeerWatch.start_once()
-    rejoined = False
-    while True:
-        try:
-            if rejoined:
-                state.on_reset()
-            pending = _meeting.state_pending()
-            state.sync()
-            _meeting.StatePending.received()
-            if pending:  # functions traced before the state came lack the step check
-                for model in _models_of(state):
-                    _reset_compiled_functions(model)
-            if rejoined and runtime.rank() == 0:
-                _meeting.write(
-                    _meeting.shared_folder(),
-                    _meeting.RESUMED,
-                    f"{config.restart_count()} {state._commits}",
-                )
-            result = func(state, *args, **kwargs)
-        except Regroup as exc:
-            cause = exc
-        except Exception as exc:
-            if not enabled() or not _meeting.peer_lost(exc):
-                raise
+        LostPeerWatch.start_once()
+
+    def attempt(move: Move | None):
+        if move is not None:
+            _meeting.StatePending.rejoined = True
+            for model in _models_of(state):
+                _reset_compiled_functions(model)
+            back = "goes on from" if isinstance(move.cause, Regroup) else "restored"
+            move.report(
+                f"{back} commit {state._commits}; {time.monotonic() - move.started:.2f} s to rejoin"
+            )
+            state.on_reset()
+        pending = _meeting.state_pending()
+        state.sync()
+        _meeting.StatePending.received()
+        if pending:  # functions traced before the state came lack the step check
+            for model in _models_of(state):
+                _reset_compiled_functions(model)
+        if move is not None and runtime.rank() == 0:
+            _meeting.write(
+                _meeting.shared_folder(),
+                _meeting.RESUMED,
+                f"{config.restart_count()} {state._commits}",
+            )
+        return func(state, *args, **kwargs)
+
+    def leave(exc: BaseException) -> None:
+        if not isinstance(exc, Regroup):  # a lost peer: back to the last commit
             state.restore()
-            cause = exc
-        else:
-            _say_finished()
-            return result
-        with _LostPeerWatch.recovering():
-            _rejoin_state(state, cause)
-        rejoined = True
+        _failed_attempt.let_go(exc)
+
+    sampler = state.checkpointer.sampler if isinstance(state, TensorFlowKerasState) else None
+    result = retry(attempt, regroup=True, sampler=sampler, leave=leave)
+    _say_finished()
+    return result
 
 
 def __getattr__(name: str):
@@ -194,8 +199,8 @@ def __getattr__(name: str):
 
 
 # ---------------------------------------------------------------- a Checkpointer's commits
-# (issue 36) The in-memory commit and roll-back of a Checkpointer live here, over its
-# public methods (MemoryCommit); the Checkpointer itself only saves and restores.
+# The in-memory commit and roll-back of a Checkpointer live here, over its public
+# methods (MemoryCommit); the Checkpointer knows nothing of them, only its listeners.
 _COMMITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -228,98 +233,37 @@ def _say_finished() -> None:
         _meeting.write(folder, _meeting.FINISHED, str(config.restart_count()))
 
 
-def _recover(commit: MemoryCommit, exc: BaseException) -> None:
-    _failed_attempt.let_go(exc)
-    if isinstance(exc, Regroup):  # every rank left at the same step: commit it
-        commit.save()
-    _recover_now(commit, exc)
-
-
-def _recover_now(commit: MemoryCommit, exc: BaseException) -> None:
-    """Rejoin and roll back; once more for each peer lost meanwhile, never an exit for it.
+def _roll_back(commit: MemoryCommit, move: Move) -> None:
+    """In the world ``move`` joined: every rank goes back to the last commit, and says so.
 
     The roll back's broadcast is the new world's first collective: a peer lost
     during it (or during the start) makes it fail like any step's, and every
-    survivor holds the same commit still, so the next world rolls back to it.
-    The lost-peer watch is on from the new world's start, so a loss the
-    scheduler announces ends the broadcast at once.
+    survivor holds the same commit still, so the next world rolls back to it
+    (one more regroup, never an exit for it). The lost-peer watch is on from
+    the new world's start, so a loss the scheduler announces ends the
+    broadcast at once.
     """
-    started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
-    again = 0
-    while True:
-        with _LostPeerWatch.recovering():
-            round_ = runtime.rejoin()
-        joined = time.monotonic()
-        try:
-            _phases.enter("rollback")
-            step = commit.rollback()
-            break
-        except Exception as lost:
-            if not _meeting.peer_lost(lost):
-                raise
-            _say_lost_meanwhile(f"round {round_}'s roll back", lost)
-            again += 1
+
+    def once(again: Move | None) -> tuple[int, Move | None]:
+        _phases.enter("rollback")
+        return commit.rollback(), again
+
+    step, again = retry(
+        once,
+        where=lambda: f"round {config.restart_count()}'s roll back",
+        sampler=commit.ckpt.sampler,
+    )
+    last = again or move  # the world this rank trains in now
     _meeting.StatePending.received()
     for model in _models_of(commit.ckpt):
         _reset_compiled_functions(model)
     if runtime.rank() == 0:  # the scheduler's membership line names the step
-        _meeting.write(_meeting.shared_folder(), _meeting.RESUMED, f"{round_} {step}")
-    back = "went on from" if isinstance(exc, Regroup) else "rolled back to"
-    _say_rejoined(
-        old_rank,
-        old_size,
-        round_,
-        _why(exc, ended),
-        f"{back} step {step}; {joined - started:.2f} s to rejoin, "
-        f"{time.monotonic() - joined:.2f} s to roll back"
-        + (f"; {again} more regroup(s) for a peer lost meanwhile" if again else ""),
-    )
-
-
-def _say_lost_meanwhile(where: str, exc: BaseException) -> None:
-    print(
-        f"hvdkit: rank {runtime.rank()} of {runtime.size()}: a peer was lost during {where} "
-        f"({type(exc).__name__}); it meets the next world",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _rejoin_state(state, exc: BaseException) -> None:
-    """Horovod's state: the new world; the reset callbacks and the sync come in the loop."""
-    _failed_attempt.let_go(exc)
-    started, (old_rank, old_size), ended = time.monotonic(), _where(), _LostPeerWatch.ended
-    round_ = runtime.rejoin()
-    _meeting.StatePending.rejoined = True
-    for model in _models_of(state):
-        _reset_compiled_functions(model)
-    back = "goes on from" if isinstance(exc, Regroup) else "restored"
-    _say_rejoined(
-        old_rank,
-        old_size,
-        round_,
-        _why(exc, ended),
-        f"{back} commit {state._commits}; {time.monotonic() - started:.2f} s to rejoin",
-    )
-
-
-def _where() -> tuple[int, int]:
-    return runtime.rank(), runtime.size()
-
-
-def _why(exc: BaseException, ended: int | None) -> str:
-    why = "a worker joined" if isinstance(exc, Regroup) else type(exc).__name__
-    if ended is not None:
-        why += f" (the scheduler's word: a rank was lost; ended {ended} connections)"
-    return why
-
-
-def _say_rejoined(old_rank: int, old_size: int, round_: int, why: str, rest: str) -> None:
-    print(
-        f"hvdkit: rank {old_rank} of {old_size} is rank {runtime.rank()} of {runtime.size()} "
-        f"(round {round_}) after {why}; {rest}",
-        file=sys.stderr,
-        flush=True,
+        _meeting.write(_meeting.shared_folder(), _meeting.RESUMED, f"{last.round} {step}")
+    back = "went on from" if isinstance(move.cause, Regroup) else "rolled back to"
+    move.report(
+        f"{back} step {step}; {last.joined - move.started:.2f} s to rejoin, "
+        f"{time.monotonic() - last.joined:.2f} s to roll back"
+        + (f"; {again.number} more regroup(s) for a peer lost meanwhile" if again else "")
     )
 
 
@@ -333,65 +277,3 @@ def _reset_compiled_functions(model) -> None:
     for name in ("train_function", "test_function", "predict_function"):
         if getattr(model, name, None) is not None:
             setattr(model, name, None)
-
-
-class _LostPeerWatch:
-    """End Horovod's connections as soon as the scheduler formed a world without a lost rank.
-
-    When a rank dies, its direct Gloo peers see the connection close at
-    once; the other survivors wait in their collective until Gloo's timeout,
-    or until a peer that already left shut Horovod down (about 1.5 s later).
-    The scheduler learns of the death from the dead rank's worker within
-    moments and sends each survivor's worker the new world, marked ``lost``
-    (:mod:`hvdkit._comm.meeting`). This thread reads it and ends this rank's
-    Gloo connections (:func:`hvdkit.runtime.abandon`), so the collective
-    fails now and :func:`run` recovers. A growing world (a worker joins) is
-    not marked: the ranks leave it at an agreed step instead.
-    """
-
-    POLL_S = 0.05
-    _lock = threading.Lock()
-    _started = False
-    _recovering = False
-    ended: int | None = None  # connections ended in the current world (None: not abandoned)
-
-    @classmethod
-    def start_once(cls) -> None:
-        with cls._lock:
-            if cls._started:
-                return
-            cls._started = True
-        threading.Thread(target=cls._loop, name="hvdkit-lost-peer-watch", daemon=True).start()
-
-    @classmethod
-    def _loop(cls) -> None:
-        folder = _meeting.shared_folder()
-        while True:
-            time.sleep(cls.POLL_S)
-            cls.check(folder)
-
-    @classmethod
-    def check(cls, folder: str) -> bool:
-        """Abandon this world if ``folder`` holds a newer world marked ``lost``; whether it did."""
-        body = _meeting.read_assignment(folder)
-        if body is None or not body.get("lost"):
-            return False
-        with cls._lock:
-            if cls._recovering or cls.ended is not None or not runtime.is_initialized():
-                return False
-            if body["round"] <= config.restart_count():
-                return False  # this world's own assignment
-            cls.ended = runtime.abandon()
-            return True
-
-    @classmethod
-    @contextlib.contextmanager
-    def recovering(cls):
-        """While :func:`run` leaves one world and joins the next, the watch does nothing."""
-        with cls._lock:
-            cls._recovering = True
-        try:
-            yield
-        finally:
-            with cls._lock:
-                cls._recovering, cls.ended = False, None

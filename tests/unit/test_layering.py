@@ -224,3 +224,31 @@ def test_the_circle_check_sees_one():
     assert "hvdkit.runtime" in graph["hvdkit.fault.elastic"]
     assert "hvdkit.process_sets" in graph["hvdkit.runtime"]
     assert "hvdkit.runtime" not in graph["hvdkit.process_sets"]  # the circle that was
+
+
+# A class is a concept a reader takes in at one sitting: none over this many lines
+# (docstring included). Those still over it, each with what splits it:
+MAX_CLASS_LINES = 400
+LONG_CLASSES = {"launch/scheduler.py:Scheduler"}  # issue 49 goal 3: rounds' actions leave it
+
+
+def class_lengths() -> dict[str, int]:
+    """``{"fault/checkpoint.py:Checkpointer": lines, ...}`` for every class, nested ones too."""
+    return {
+        f"{p.relative_to(PACKAGE)}:{node.name}": node.end_lineno - node.lineno + 1
+        for p in modules()
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def test_no_class_is_longer_than_max_class_lines():
+    lengths = class_lengths()
+    long = sorted(
+        f"{name} ({n} lines)"
+        for name, n in lengths.items()
+        if n > MAX_CLASS_LINES and name not in LONG_CLASSES
+    )
+    assert not long, f"classes over {MAX_CLASS_LINES} lines; split them by job:\n" + "\n".join(long)
+    # the checker itself: it measures whole classes
+    assert 100 < lengths["fault/checkpoint.py:Checkpointer"] <= MAX_CLASS_LINES

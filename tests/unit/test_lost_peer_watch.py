@@ -1,5 +1,5 @@
-"""A survivor leaves a world that lost a rank at the scheduler's word (hvdkit/fault/elastic.py,
-hvdkit/_comm/sockets.py).
+"""A survivor leaves a world that lost a rank at the scheduler's word
+(hvdkit/fault/_next_world.py, hvdkit/_comm/sockets.py).
 
 The multi-process side: tests/multiproc/collectives_worker.py (a wait that nothing else
 ends fails once the peer abandons; Gloo and MPI), and the elastic jobs of
@@ -16,9 +16,9 @@ import pytest
 from hvdkit import config, runtime
 from hvdkit._comm import meeting as _meeting
 from hvdkit._comm import sockets as _sockets
-from hvdkit.fault import elastic
+from hvdkit.fault import _next_world
 
-Watch = elastic._LostPeerWatch
+Watch = _next_world.LostPeerWatch
 
 
 @pytest.fixture
