@@ -64,7 +64,12 @@ setup(
         # only for an environment without TensorFlow: either one, never both
         "cpu": ["tensorflow-cpu" + TF_SPEC],
         "gpu": ["tensorflow[and-cuda]" + TF_SPEC],
+        # hvdkit.spark.run / hvdkit.ray.run: the engine of the user's cluster (tested versions)
+        "spark": ["pyspark>=3.5"],
+        "ray": ["ray>=2.9"],
         "test": [
+            "pyspark==4.3.0",  # tests/test_spark.py's cluster (needs Java 17)
+            "ray==2.60.0",  # tests/test_ray.py's cluster
             "pytest>=8",
             "pytest-xdist>=3.5",
             "hypothesis>=6.100",

@@ -21,10 +21,11 @@ KERAS_VERSION="3.15.1"  # the tested one; inside setup.py's range (tests/unit/te
 # OpenSSH's server and client for the test of hvdkitrun -H between two
 # namespaces (the test starts its own sshd in each; no system sshd is started);
 # Slurm and MUNGE for tests/test_slurm.py (it starts its own munged, slurmctld and
-# slurmd in namespaces; no system service is started).
+# slurmd in namespaces; no system service is started); Java 17 for the Spark standalone
+# cluster of tests/test_spark.py (pyspark and ray come with hvdkit's [test] extra).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev
               g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2
-              openssh-server openssh-client slurm-wlm munge patch)
+              openssh-server openssh-client slurm-wlm munge patch openjdk-17-jre-headless)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0
@@ -99,7 +100,7 @@ if ! "$PY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TF_VER
 fi
 
 # --- 4. hvdkit itself (it no longer requires Horovod: pip never builds one) ---
-if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff" 2>/dev/null \
+if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff, pyspark, ray" 2>/dev/null \
    || [[ "$REPO/setup.py" -nt "$VENV/.hvdkit-installed" ]]; then
     log "installing hvdkit (editable) with test extras"
     "${PIP[@]}" --no-build-isolation -e "$REPO[test]"
