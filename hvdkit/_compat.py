@@ -16,7 +16,12 @@ with these exceptions, each for a reason stated where it is:
   job's metrics;
 * ``hvdkit/keras/callbacks.py`` patches ``keras.callbacks.BackupAndRestore.on_train_begin``
   for the whole process at :func:`hvdkit.init` (a public method, replaced on
-  Keras's class), so that callback refuses a job of more than one rank.
+  Keras's class), so that callback refuses a job of more than one rank;
+* ``hvdkit/keras/_update_check.py`` wraps ``keras.optimizers.Optimizer.apply``
+  for the whole process at :func:`hvdkit.init` (a public method, replaced on
+  Keras's class: every update passes there) to name weights updated with no
+  hvdkit reduction, and reads an optimizer's ``_trainable_variables`` when
+  ``apply`` gets gradients only.
 TensorFlow and Keras are imported inside the functions that need them, so the
 launcher (which needs neither) can use the Horovod launch quirks cheaply.
 """

@@ -10,8 +10,8 @@ transport=()
 if [[ -n "${HVDKIT_DEMO_TRANSPORT:-}" ]]; then transport=("--$HVDKIT_DEMO_TRANSPORT"); fi
 # What this environment has (versions, Horovod's build, mpirun), without the 2-process jobs
 hvdkit doctor --no-run || { echo "[demo] fix what hvdkit doctor names above, then run $0 again" >&2; exit 1; }
-echo "[demo] hvdkitrun -np 2 ${transport[*]:+${transport[*]} }python examples/train_digits.py $*"
-hvdkitrun -np 2 "${transport[@]}" python "$REPO/examples/train_digits.py" "$@" || {
+echo "[demo] hvdkitrun -np 2 --check-weights ${transport[*]:+${transport[*]} }python examples/train_digits.py $*"
+hvdkitrun -np 2 --check-weights "${transport[@]}" python "$REPO/examples/train_digits.py" "$@" || {
     rc=$?
     echo "[demo] training failed (exit $rc); hvdkit doctor tries a 2-process allreduce per transport:" >&2
     hvdkit doctor >&2 || true

@@ -2,6 +2,9 @@
 
 import re
 
+from hvdkit import config
+from hvdkit._comm import fingerprints
+
 from conftest import REPO, horovodrun, launcher_env, run_bounded
 
 # Horovod's examples leave the initial weights to chance. Now and then an
@@ -15,9 +18,15 @@ SEED = "1"
 def run(script, transport, tmp_path, *args):
     script = REPO / "examples" / "horovod" / script
     cmd = horovodrun(transport, script, "--outdir", tmp_path, "--seed", SEED, *args)
-    code, out, timed_out = run_bounded(cmd, 600, env=launcher_env(), cwd=tmp_path)
+    weights = tmp_path / "fingerprints"  # what hvdkitrun --check-weights compares
+    weights.mkdir()
+    env = {**launcher_env(), config.WEIGHTS_DIR: str(weights)}
+    code, out, timed_out = run_bounded(cmd, 600, env=env, cwd=tmp_path)
     assert not timed_out, out[-3000:]
     assert code == 0, out[-3000:]
+    assert sorted(fingerprints.read(str(weights))) == [0, 1], out[-3000:]
+    assert fingerprints.check(str(weights), 2) is None
+    assert "no hvdkit reduction averaged" not in out  # the update check's warning
     return out
 
 

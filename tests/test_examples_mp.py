@@ -4,8 +4,12 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+
+from hvdkit import config
+from hvdkit._comm import fingerprints
 
 from conftest import (
     REPO,
@@ -19,10 +23,17 @@ from conftest import (
 
 
 def run_example(script, transport, *args, timeout=900):
+    """The example under horovodrun; a job that ends 0 must end with equal weights on both ranks
+    and without the update check's warning (the fingerprints hvdkitrun --check-weights compares)."""
     cmd = horovodrun(transport, REPO / "examples" / script, *args)
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=launcher_env(sklearn=True)
-    )
+    with tempfile.TemporaryDirectory() as weights:
+        env = {**launcher_env(sklearn=True), config.WEIGHTS_DIR: weights}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode == 0:
+            assert sorted(fingerprints.read(weights)) == [0, 1], proc.stderr[-3000:]
+            assert fingerprints.check(weights, 2) is None
+            assert "no hvdkit reduction averaged" not in proc.stdout + proc.stderr
+    return proc
 
 
 def test_demo_reaches_095_held_out_accuracy(transport):

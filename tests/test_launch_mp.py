@@ -116,9 +116,10 @@ def scheduler_job(
     token="test-token",
     netns=(None, None, None),
     sched_host="127.0.0.1",
+    **env_extra,
 ):
     """run_scheduler.sh + one run_workers.sh per worker; returns (codes, outputs)."""
-    env = sched_env(port, token, HVDKIT_SCHED_HOST=sched_host)
+    env = sched_env(port, token, HVDKIT_SCHED_HOST=sched_host, **env_extra)
     sched = start([SCHEDULER_SH], env, tmp_path, netns[0])
     workers = [
         start(
@@ -143,9 +144,11 @@ def test_same_weights_under_every_launcher(tmp_path):
         + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
         + [PY, TRAIN],
         # no transport flag: the default rule picks one and says which
+        # --check-weights: the ranks' weights are compared at the end (equal: exit 0)
         "hvdkitrun-default": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--log-dir", "logs"]
+        + ["--check-weights", PY, TRAIN],
+        "hvdkitrun-mpi": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--mpi", "--check-weights"]
         + [PY, TRAIN],
-        "hvdkitrun-mpi": [str(VENV_BIN / "hvdkitrun"), "-np", "2", "--mpi", PY, TRAIN],
     }
     for name, cmd in launchers.items():
         outdir = tmp_path / name
@@ -180,9 +183,12 @@ def test_same_weights_under_every_launcher(tmp_path):
             assert said == [], (name, said)  # a transport given is not announced
     outdir = tmp_path / "scheduler"
     outdir.mkdir()
-    codes, outs = scheduler_job(tmp_path, outdir, free_port())
+    weights_dir = tmp_path / "fingerprints"
+    check = {"HVDKIT_CHECK_WEIGHTS": "1", "HVDKIT_WEIGHTS_DIR": weights_dir}
+    codes, outs = scheduler_job(tmp_path, outdir, free_port(), **check)
     assert codes == [0, 0, 0], outs
     assert "all 2 ranks finished successfully" in outs[0]
+    assert sorted(p.name for p in weights_dir.iterdir()) == ["rank.0.json", "rank.1.json"]
     results["scheduler/worker"] = weights(outdir)
 
     ref = results["horovodrun-gloo"][0]

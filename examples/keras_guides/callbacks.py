@@ -1,6 +1,6 @@
 """The shape of Keras's "Writing your own callbacks" guide: callbacks that print and decide.
 
-    hvdkitrun -np 2 python examples/keras_guides/callbacks.py
+    hvdkitrun -np 2 --check-weights python examples/keras_guides/callbacks.py
 
 A callback prints the epoch's logs; ``EarlyStopping`` and a custom callback
 that lowers the learning rate decide on the job's numbers (``MetricAverageCallback``),

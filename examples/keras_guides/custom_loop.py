@@ -1,6 +1,6 @@
 """The shape of Keras's "Writing a training loop from scratch in TensorFlow" guide.
 
-    hvdkitrun -np 2 python examples/keras_guides/custom_loop.py
+    hvdkitrun -np 2 --check-weights python examples/keras_guides/custom_loop.py
 
 A ``tf.function`` step with a ``GradientTape``, a training metric and a
 validation metric per epoch. The lines hvdkit adds: the tape's wrapper, the

@@ -1,6 +1,6 @@
 """The shape of Keras's "Customizing what happens in fit()" guide: a GAN's ``train_step``.
 
-    hvdkitrun -np 2 python examples/keras_guides/gan_train_step.py
+    hvdkitrun -np 2 --check-weights python examples/keras_guides/gan_train_step.py
 
 A subclassed model with two optimizers, each wrapped; the noise comes with the
 data so that N ranks draw what one process draws.

@@ -1,7 +1,7 @@
 """The shape of Keras's "Simple MNIST convnet" example, data made synthetic.
 
     python examples/keras_guides/mnist_convnet.py
-    hvdkitrun -np 2 python examples/keras_guides/mnist_convnet.py
+    hvdkitrun -np 2 --check-weights python examples/keras_guides/mnist_convnet.py
 
 ``model.summary()``, a progress bar and the final "Test loss / Test
 accuracy" lines print on rank 0 exactly as in one process.

@@ -1,6 +1,6 @@
 """The shape of Keras's "Save, serialize, and export models" guide, across ranks.
 
-    hvdkitrun -np 2 python examples/keras_guides/save_load.py
+    hvdkitrun -np 2 --check-weights python examples/keras_guides/save_load.py
 
 Rank 0 saves, every rank loads (``hvdkit.save_model``: no rank looks for the
 file before it is complete), a custom layer is registered and the registry

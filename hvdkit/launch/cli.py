@@ -21,13 +21,16 @@ import argparse
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 from .. import _compat, config
+from .._comm import fingerprints
 from ..errors import LaunchError
 from . import auth, processes, restart, slurm
 from .failures import failing_rank, reported_endings, root_cause
@@ -79,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir",
         help="where the job's checkpoints are; restarts log the step they resume from "
         f"(default: ${config.CHECKPOINT_DIR}; passed on to the job)",
+    )
+    p.add_argument(
+        "--check-weights",
+        action="store_true",
+        help="at the end, compare a fingerprint of every rank's trained weights and fail "
+        f"naming the ranks that differ (default: ${config.CHECK_WEIGHTS}; docs/divergence.md)",
     )
     p.add_argument("--no-prefix", action="store_true", help="do not prefix lines with [rank N]")
     p.add_argument("--start-timeout", type=int, default=60, help="horovodrun's start timeout")
@@ -244,10 +253,18 @@ def run(argv: list[str] | None = None) -> int:
             "the launcher gives each rank its own (unset them to silence this)."
         )
     job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
+    own_weights = None  # a fingerprint folder hvdkitrun made, removed when it ends
+    if args.check_weights or config.get_bool(config.CHECK_WEIGHTS, False, error=LaunchError):
+        job.weights_dir = config.get(config.WEIGHTS_DIR)  # shared storage, for several hosts
+        if not job.weights_dir:
+            own_weights = job.weights_dir = tempfile.mkdtemp(prefix="hvdkit-weights-")
+        env[config.WEIGHTS_DIR] = job.weights_dir
     try:
         return _run_with_restarts(job, budget, checkpoint_dir)
     finally:
         out.close()
+        if own_weights:
+            shutil.rmtree(own_weights, ignore_errors=True)
         if own_file:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(own_file)
@@ -368,6 +385,7 @@ class _Job:
     bind: str  # the heartbeat receiver's address
     seen_as: str  # this machine's address as the ranks see it
     np: int  # the number of ranks
+    weights_dir: str | None = None  # --check-weights: where the ranks leave their fingerprints
 
 
 def _run_with_restarts(job: _Job, budget: RestartBudget, checkpoint_dir: str | None) -> int:
@@ -432,6 +450,8 @@ class _Attempt:
             **job.env,
             config.MONITOR_ADDR: monitor_addr(job.seen_as, monitor.port, monitor.receiver),
         }
+        if job.weights_dir:
+            fingerprints.clear(job.weights_dir)
         try:
             self.child = processes.spawn(job.cmd, env)
             pumps = [
@@ -467,7 +487,13 @@ class _Attempt:
                 "hvdkitrun: SIGTERM arrived after every rank had finished; the job is complete."
             )
             return 0, None
-        return _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
+        code, cause = _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
+        folder = job.weights_dir
+        differ = fingerprints.check(folder, job.np) if folder and code == 0 else None
+        if differ:
+            job.out.launcher_line(f"hvdkitrun: {differ}")
+            return config.EXIT_WEIGHTS_DIFFER, None
+        return code, cause
 
     def known(self) -> list:
         """The rank processes found so far (ours: in horovodrun's tree)."""

@@ -32,6 +32,7 @@ import threading
 import time
 
 from .. import config
+from .._comm import fingerprints
 from .._validate import is_int
 from ..errors import LaunchError
 from . import protocol
@@ -146,6 +147,7 @@ class Scheduler:
         self._closing = threading.Event()
         self.sigterm: list[str] = []  # filled by the SIGTERM handler run() installs
         self._admission: protocol.Admission | None = None  # started by _accept_one
+        self.weights_dir: str | None = None  # run(): HVDKIT_CHECK_WEIGHTS's fingerprint folder
 
     # ------------------------------------------------------------ registration
     def _accept_one(self, timeout: float) -> Registration | None:
@@ -209,6 +211,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ the job
     def run(self) -> int:
+        self.weights_dir = fingerprints.scheduler_folder()  # HVDKIT_CHECK_WEIGHTS: at the end
         log.info(
             "scheduler listening on %s:%d for %d workers", self.host, self.port, self.worker_num
         )
@@ -288,6 +291,12 @@ class Scheduler:
                     result.preempted,
                 )
                 return self._finish(everyone, config.EXIT_PREEMPTED)
+            differ = None
+            if result.culprit is None and self.weights_dir:
+                differ = fingerprints.check(self.weights_dir)
+            if differ:
+                log.error("job failed: %s", differ)
+                return self._finish(everyone, config.EXIT_WEIGHTS_DIFFER)
             if result.culprit is None:
                 log.info("all %d ranks finished successfully", len(regs))
                 return self._finish(everyone, 0)

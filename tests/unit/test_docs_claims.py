@@ -321,7 +321,7 @@ CLAIMS: list[tuple[str, str, str]] = [
     ),
     (
         "docs/divergence.md",
-        "It is now refused with `ConfigurationError` naming the variable",
+        "is refused with `ConfigurationError` naming the variable",
         U + "test_divergence.py::test_malformed_launcher_size_is_refused",
     ),
 ]

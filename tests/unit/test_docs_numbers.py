@@ -135,9 +135,8 @@ DIARY = re.compile(
 )
 
 
-# contributing.md names the rule; divergence.md's history is being moved by its own
-# change (issue 49) and joins the check once it has.
-NOT_CHECKED_FOR_DIARY = {"docs/contributing.md", "docs/divergence.md"}
+# contributing.md names the rule.
+NOT_CHECKED_FOR_DIARY = {"docs/contributing.md"}
 
 
 def test_reference_pages_carry_no_dated_runs():
