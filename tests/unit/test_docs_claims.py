@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _docs import PAGES, blocks, missing_test
+from _docs import PAGES, blocks, find_module, missing_test
 
 import hvdkit
 
@@ -324,6 +324,17 @@ CLAIMS: list[tuple[str, str, str]] = [
         "is refused with `ConfigurationError` naming the variable",
         U + "test_divergence.py::test_malformed_launcher_size_is_refused",
     ),
+    # --- spark.md
+    (
+        "docs/spark.md",
+        "`use_mpi=True`, `extra_mpi_args` and `nics` are refused with",
+        "probe:spark_refuses_mpi_and_nics",
+    ),
+    (
+        "docs/spark.md",
+        "`ConfigurationError` (barrier stages refuse it)",
+        "probe:spark_refuses_dynamic_allocation",
+    ),
 ]
 
 
@@ -337,18 +348,63 @@ def size_one():
     hvdkit.shutdown()
 
 
-def probe_sync_batch_norm_refuses_fused_and_renorm(size_one):
+def probe_sync_batch_norm_refuses_fused_and_renorm(request):
+    request.getfixturevalue("size_one")
     with pytest.raises(hvdkit.ConfigurationError, match="renorm"):
         hvdkit.SyncBatchNormalization(renorm=True)
     with pytest.raises(hvdkit.ConfigurationError, match="fused"):
         hvdkit.SyncBatchNormalization(fused=True)
 
 
-def probe_distributed_optimizer_takes_average_sum_or_adasum(size_one):
+def probe_distributed_optimizer_takes_average_sum_or_adasum(request):
     import keras
 
+    request.getfixturevalue("size_one")
     with pytest.raises(hvdkit.ConfigurationError, match="hvdkit.Adasum"):
         hvdkit.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvdkit.Max)
+
+
+class _SparkConf:
+    def __init__(self, values: dict[str, str]):
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class _SparkContext:
+    """The driver's active context, as far as ``hvdkit.spark.run``'s first checks read it."""
+
+    def __init__(self, **values: str):
+        self.conf = _SparkConf(values)
+
+    def getConf(self) -> _SparkConf:  # pyspark's name
+        return self.conf
+
+
+def _spark_with(request, **conf: str):
+    pyspark = pytest.importorskip("pyspark")
+    request.getfixturevalue("monkeypatch").setattr(
+        pyspark.SparkContext, "_active_spark_context", _SparkContext(**conf)
+    )
+    return find_module("spark.py")  # wherever the Spark environment lives
+
+
+def probe_spark_refuses_mpi_and_nics(request):
+    spark = _spark_with(request)
+    for kwargs, fragment in (
+        ({"use_mpi": True}, "use_mpi"),
+        ({"extra_mpi_args": "-x A"}, "extra_mpi_args"),
+        ({"nics": {"eth0"}}, "nics"),
+    ):
+        with pytest.raises(hvdkit.NotSupportedError, match=fragment):
+            spark.run(print, num_proc=1, **kwargs)
+
+
+def probe_spark_refuses_dynamic_allocation(request):
+    spark = _spark_with(request, **{"spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(hvdkit.ConfigurationError, match="dynamicAllocation"):
+        spark.run(print, num_proc=1)
 
 
 PROBES = {
@@ -406,7 +462,7 @@ def test_every_listed_claim_is_still_in_its_page_and_its_test_exists():
 )
 def test_the_docs_refusals_still_hold(page, words, probe, request):
     """Fails on the day the feature arrives: then the doc's sentence must change."""
-    PROBES[probe](request.getfixturevalue("size_one"))
+    PROBES[probe](request)
 
 
 def test_the_claim_reader_on_known_blocks():
