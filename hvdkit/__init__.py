@@ -99,6 +99,8 @@ _EXPORTS = {
     "sink": "sink",
     "elastic": "fault.elastic",
     "preemption": "fault.preemption",
+    "spark": "clusters.spark",
+    "ray": "clusters.ray",
     # process sets
     "ProcessSet": "process_sets",
     "global_process_set": "process_sets",
@@ -154,7 +156,7 @@ def init(backend: str | None = None, **kwargs) -> None:
             from .launch.inprocess import take_role
 
             take_role(role)  # exits with the job's status
-        from .launch.slurm import join_srun_step
+        from .clusters.slurm import join_srun_step
 
         join_srun_step()  # srun's tasks: over Gloo hvdkit starts Horovod's rendezvous
     from . import runtime
@@ -223,6 +225,7 @@ _keras_registry.install()
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily
     from . import data, ops, sink
     from ._comm.compression import Compression
+    from .clusters import ray, spark
     from .collectives import (
         Adasum,
         Average,

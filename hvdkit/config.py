@@ -6,7 +6,7 @@ win; these are consulted only when an argument is left as ``None``.
 
 Who writes environment variables: the launcher (:mod:`hvdkit.launch`) for
 the processes it starts, and, inside a rank, three places: under ``srun``
-over Gloo, ``launch/slurm`` sets Horovod's Gloo variables before Horovod
+over Gloo, ``clusters/slurm`` sets Horovod's Gloo variables before Horovod
 starts; in an elastic job, ``_meeting.take`` makes the scheduler's next
 assignment (Horovod's settings and :data:`RESTART_COUNT`) this process's;
 ``runtime`` removes :data:`ELASTIC_JOIN` once the rank has joined. Nothing
@@ -77,6 +77,9 @@ WORKER_NUM = "HVDKIT_WORKER_NUM"
 SCHED_HOST = "HVDKIT_SCHED_HOST"
 SCHED_PORT = "HVDKIT_SCHED_PORT"
 RENDEZVOUS_PORT = "HVDKIT_RENDEZVOUS_PORT"  # srun over Gloo: rank 0's rendezvous (docs/slurm.md)
+# hvdkit.spark.run: how long to wait for the executors' task slots (Horovod's variable)
+SPARK_START_TIMEOUT = "HOROVOD_SPARK_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 600.0  # horovod.spark.run's default too; hvdkit.ray.run's
 JOB_TOKEN = "HVDKIT_JOB_TOKEN"
 SCHED_TIMEOUT = "HVDKIT_SCHED_TIMEOUT"  # seconds to wait for all workers (default 300)
 TOKEN_FILE = "HVDKIT_TOKEN_FILE"  # where run_scheduler.sh leaves a generated token

@@ -22,13 +22,14 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from . import _compat, _phases, config, environments
+from . import _compat, _phases, config
 from . import process_sets as _sets
 from ._autograph import not_converted
 from ._comm import meeting as _meeting
 from ._comm import progress as _progress
 from ._validate import check_int
 from .backends import Backend, create
+from .clusters import slurm as _slurm
 from .errors import CollectiveError, ConfigurationError, NotInitializedError
 
 __all__ = [
@@ -108,7 +109,7 @@ def init(
         return
     name = backend or config.get(config.BACKEND)
     launched = config.launched_size()
-    slurm = environments.SlurmEnvironment.detect()  # srun's tasks (over MPI with PMIx)
+    slurm = _slurm.SlurmEnvironment.detect()  # srun's tasks (over MPI with PMIx)
     if slurm is not None:
         slurm.check_worker_num()
         launched = slurm.size if slurm.size > 1 else None  # one task: the size-1 job
@@ -229,12 +230,7 @@ def _flush_files_at_exit() -> None:
 def _refuse_split_srun_step(tasks: int, formed: int) -> None:
     """srun started ``tasks`` tasks, but Horovod formed a job of ``formed``: never train so."""
     shutdown()
-    raise ConfigurationError(
-        f"srun started {tasks} tasks but Horovod formed a job of {formed}: the tasks did not "
-        "find each other, and each would train alone. For MPI, srun must give them PMIx "
-        "('#SBATCH --mpi=pmix' or srun --mpi=pmix; `srun --mpi=list` shows what the cluster "
-        "has); or use Gloo (HOROVOD_CONTROLLER=gloo, docs/slurm.md)."
-    )
+    raise _slurm.refuse_split_step(tasks, formed)
 
 
 def _refuse_horovod_elastic() -> None:
@@ -293,14 +289,7 @@ def _refuse_lonely_job() -> None:
     left is a process that would run as a job of size 1 although the
     scheduler/worker variables describe a job: it would train alone, silently.
     """
-    allocation = environments.SlurmEnvironment.in_allocation()
-    if allocation is not None and not allocation.task and allocation.size > 1:
-        raise ConfigurationError(
-            f"this process runs in Slurm job {allocation.job_id}, which has {allocation.size} "
-            f"tasks ({environments.NTASKS}), but it was started without srun, so it would "
-            "train alone as a job of size 1. Start it with `srun python ...` (or `hvdkitrun "
-            "python ...`) in the batch script, or ask for one task ('#SBATCH --ntasks=1')."
-        )
+    _slurm.refuse_task_without_srun()
     found = config.job_vars_set()
     if not found:
         return

@@ -25,7 +25,7 @@ KERAS_VERSION="3.15.1"  # the tested one; inside setup.py's range (tests/unit/te
 # cluster of tests/test_spark.py (pyspark and ray come with hvdkit's [test] extra).
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev
               g++ make cmake python3.11 python3.11-venv python3.11-dev iproute2
-              openssh-server openssh-client slurm-wlm munge patch openjdk-17-jre-headless)
+              openssh-server openssh-client slurm-wlm munge openjdk-17-jre-headless patch)
 
 log() { printf '[install] %s\n' "$*"; }
 changed=0

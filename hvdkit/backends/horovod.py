@@ -25,11 +25,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import _compat, config, environments
+from .. import _compat, config
 from .._comm import graph_progress as _graph_progress
 from .._comm import priority_trial as _priority_trial
 from .._comm import sockets as _sockets
 from .._comm import threads as _threads
+from ..clusters import slurm as _slurm
 from ..errors import CollectiveError, ConfigurationError
 from .base import Backend, ReduceOp
 
@@ -119,8 +120,8 @@ def _given_layout() -> str:
         return ""
     said = f" This process was started as rank {rank} of {size}."
     # hvdkitrun and a worker (both give the heartbeat address), srun's tasks: each rank's own
-    set_per_rank = config.get(config.MONITOR_ADDR) or config.get(environments.STEP_NUM_TASKS)
-    if set_per_rank or config.get(environments.CONTROLLER) != "gloo":
+    set_per_rank = config.get(config.MONITOR_ADDR) or config.get(_slurm.STEP_NUM_TASKS)
+    if set_per_rank or config.get(_slurm.CONTROLLER) != "gloo":
         return said
     return (
         f"{said[:-1]} ({config.HOROVOD_RANK}, {config.HOROVOD_SIZE}): if another rank says "

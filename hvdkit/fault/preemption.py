@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 
-from .. import _phases, collectives, config, environments, runtime
+from .. import _phases, collectives, config, runtime
 from .._comm import progress as _progress
+from ..clusters import slurm as _slurm
 from ..errors import ConfigurationError
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "Watch", "watch"]
@@ -183,14 +182,15 @@ class Watch:
         """Record that this rank stops after ``step``: its heartbeats say so to the launcher.
 
         Under Slurm rank 0 also asks Slurm to requeue the job, if it was
-        submitted with ``--requeue`` (:func:`requeue_slurm_job`), and says so.
+        submitted with ``--requeue`` (:func:`hvdkit.clusters.slurm.requeue_job`), and says so.
         """
         _progress.mark_preempted(step)
-        if runtime.rank() == 0 and environments.SlurmEnvironment.in_allocation() is not None:
-            took = time.monotonic() - self.signalled_at if self.signalled_at else 0.0
+        took = time.monotonic() - self.signalled_at if self.signalled_at else 0.0
+        requeued = _slurm.requeue_job() if runtime.rank() == 0 else None
+        if requeued is not None:
             print(
                 f"hvdkit: stopped for SIGTERM after step {step}; checkpoint on disk {took:.2f} s "
-                f"after the signal; {requeue_slurm_job()}",
+                f"after the signal; {requeued}",
                 flush=True,
             )
 
@@ -210,77 +210,10 @@ def watch() -> Watch | None:
             return None
         candidate = Watch(config.preempt_grace())
         if runtime.is_initialized() and runtime.rank() == 0:
-            check_slurm_job(candidate.grace_s)
+            _slurm.check_job(candidate.grace_s)
         signal.signal(signal.SIGTERM, candidate._on_signal)
         _watch = candidate
     return _watch
-
-
-# --------------------------------------------------------------------------- Slurm
-SCONTROL_TIMEOUT_S = 10.0
-
-
-def _scontrol(*args: str) -> str | None:
-    """``scontrol args``'s output; None (and a warning) when it cannot be run or fails."""
-    if shutil.which("scontrol") is None:
-        logger.warning("hvdkit: this is a Slurm job, but scontrol is not on PATH")
-        return None
-    try:
-        proc = subprocess.run(
-            ["scontrol", *args], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        logger.warning("hvdkit: scontrol %s failed: %s", " ".join(args), exc)
-        return None
-    if proc.returncode:
-        logger.warning("hvdkit: scontrol %s failed: %s", " ".join(args), proc.stderr.strip())
-        return None
-    return proc.stdout
-
-
-def check_slurm_job(grace_s: float) -> None:
-    """Rank 0 under Slurm: refuse a time limit within the grace period, warn of a missing --signal.
-
-    Raises:
-        ConfigurationError: the job's time limit is not longer than ``grace_s``.
-    """
-    slurm = environments.SlurmEnvironment.in_allocation()
-    if slurm is None:
-        return
-    record = _scontrol("show", "job", "-o", slurm.job_id)
-    if record is None:
-        return
-    script = _scontrol("write", "batch_script", slurm.job_id, "-")
-    job = environments.parse_job_record(record)
-    for warning in environments.requeue_advice(job, script, grace_s):
-        logger.warning("hvdkit: %s", warning)
-
-
-def requeue_slurm_job() -> str:
-    """Rank 0, with the checkpoint on disk: ``scontrol requeue`` this job if it asked for it.
-
-    Lightning's way: the job stops itself at a step of its choosing, then puts
-    itself back in the queue, so a time limit (with ``--signal``) or a
-    preemption loses nothing. Only jobs submitted with ``--requeue`` (Slurm's
-    ``Requeue=1``) are requeued. Returns what was done, for the log line.
-    """
-    slurm = environments.SlurmEnvironment.in_allocation()
-    record = _scontrol("show", "job", "-o", slurm.job_id)
-    if record is None:
-        return f"could not ask Slurm about job {slurm.job_id}; not requeued"
-    job = environments.parse_job_record(record)
-    if job.get("Requeue") != "1":
-        return f"job {slurm.job_id} was not submitted with --requeue; submit it again to resume"
-    if job.get("JobState") != "RUNNING":
-        # Slurm ends the job itself: requeued (scontrol requeue, preemption) or cancelled
-        # (scancel) look the same here (COMPLETING), and a job cannot be requeued twice
-        return (
-            f"Slurm is ending job {slurm.job_id} ({job.get('JobState')}): if it requeues it, "
-            "it resumes from this step"
-        )
-    if _scontrol("requeue", slurm.job_id) is None:
-        return f"requeueing job {slurm.job_id} failed (see the warning); submit it again to resume"
-    return f"requeued job {slurm.job_id}: it resumes from this step when it runs again"
 
 
 def _end_as_signalled(signum: int) -> None:

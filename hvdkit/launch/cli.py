@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from .. import _compat, config
 from .._comm import fingerprints
+from ..clusters import slurm
 from ..errors import LaunchError
-from . import auth, processes, restart, slurm
+from . import auth, processes, restart
 from .failures import failing_rank, reported_endings, root_cause
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
@@ -252,7 +253,7 @@ def run(argv: list[str] | None = None) -> int:
             f"hvdkitrun: not passing {', '.join(left)} from this environment to the ranks: "
             "the launcher gives each rank its own (unset them to silence this)."
         )
-    job = _Job(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
+    job = _Launch(cmd, env, out, stall, token, *_monitor_addresses(hosts), np_)
     own_weights = None  # a fingerprint folder hvdkitrun made, removed when it ends
     if args.check_weights or config.get_bool(config.CHECK_WEIGHTS, False, error=LaunchError):
         job.weights_dir = config.get(config.WEIGHTS_DIR)  # shared storage, for several hosts
@@ -374,8 +375,8 @@ def _horovodrun_command(transport, np_, hosts, start_timeout, command) -> list[s
 
 
 @dataclass
-class _Job:
-    """What every attempt of the job runs with."""
+class _Launch:
+    """What every attempt of the job runs with (hvdkitrun's launch of it)."""
 
     cmd: list[str]  # the horovodrun command
     env: dict[str, str]  # the ranks' environment
@@ -388,7 +389,7 @@ class _Job:
     weights_dir: str | None = None  # --check-weights: where the ranks leave their fingerprints
 
 
-def _run_with_restarts(job: _Job, budget: RestartBudget, checkpoint_dir: str | None) -> int:
+def _run_with_restarts(job: _Launch, budget: RestartBudget, checkpoint_dir: str | None) -> int:
     """Run attempts until one succeeds, is interrupted or preempted, or the budget is spent."""
     with processes.stop_signals() as interrupted:
         while True:
@@ -434,7 +435,7 @@ def _wait_unless_interrupted(seconds: float, interrupted: list[str]) -> bool:
 class _Attempt:
     """One run of the job under supervision: :meth:`run`; the other methods are its steps."""
 
-    def __init__(self, job: _Job, interrupted: list[str]):
+    def __init__(self, job: _Launch, interrupted: list[str]):
         self.job, self.interrupted = job, interrupted
         # A fresh monitor per attempt: the last attempt's silent ranks are no stall.
         self.monitor = HeartbeatMonitor(job.token, bind_host=job.bind)

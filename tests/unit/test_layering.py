@@ -2,9 +2,9 @@
 every import statement. The folders are the layers; lowest first:
 
 ====  ==============================================  =====================================
- 0    ``errors``, ``config``, ``environments``,        facts: what can go wrong, every
-      ``horovod_only``, ``_phases``                    setting and its default, Slurm's
-                                                       variables, the elastic job's phases
+ 0    ``errors``, ``config``,                          facts: what can go wrong, every
+      ``horovod_only``, ``_phases``                    setting and its default, the
+                                                       elastic job's phases
  1    ``_compat``, ``_validate``, ``_comm/``            version quirks, what counts as an
                                                        int, how processes talk (progress
                                                        markers, op names, buckets and their
@@ -24,7 +24,9 @@ every import statement. The folders are the layers; lowest first:
 A module may import only from lower layers or from its own layer. ``launch/``
 stands beside the stack: it uses layers 0 and 1 and two files of ``fault/``
 (``_checkpoint_files``: the checkpoint format, to name the resume step;
-nothing else), and never TensorFlow or Keras. Only ``backends/horovod.py``
+nothing else), and never TensorFlow or Keras. ``clusters/`` (Slurm, Spark,
+Ray: one module each) stands beside it the same way and may start a world
+through ``launch/``; the stack may use it as layer 1. Only ``backends/horovod.py``
 uses Horovod's collectives. The package facade ``hvdkit/__init__.py`` may
 wire anything.
 """
@@ -37,15 +39,20 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdkit"
-LAYERS = {"errors": 0, "config": 0, "environments": 0, "horovod_only": 0, "_phases": 0}
-LAYERS |= {"_compat": 1, "_validate": 1, "_autograph": 1, "_comm": 1}
+LAYERS = {"errors": 0, "config": 0, "horovod_only": 0, "_phases": 0}
+LAYERS |= {"_compat": 1, "_validate": 1, "_autograph": 1, "_comm": 1, "clusters": 1}
 LAYERS |= {"backends": 2, "process_sets": 2, "runtime": 3}
 LAYERS |= {"collectives": 4}
 LAYERS |= {u: 5 for u in ("optimizer", "partial", "probes", "_same_start", "data", "ops", "sink")}
 LAYERS |= {"keras": 6, "fault": 6}
 TOP = 7  # any other unit: tools/ (the hvdkit command's doctor, install_horovod)
-LAUNCH_MAY_USE = {"config", "errors", "environments", "_phases", "_comm", "_compat", "_validate"}
+# hvdkit/'s own modules at most: the facade, the layers' modules above, the public paths
+# (callbacks, elastic, preemption); a new concept gets a folder (docs: README's layout).
+MAX_ROOT_MODULES = 18
+LAUNCH_MAY_USE = {"config", "errors", "clusters", "_phases", "_comm", "_compat", "_validate"}
 LAUNCH_MAY_USE |= {"launch", "fault._checkpoint_files"}
+# The launcher and the cluster environments (Slurm, Spark, Ray) start ranks: never TensorFlow.
+BESIDE_THE_STACK = {"launch", "clusters"}
 TENSOR_LIBRARIES = ("tensorflow", "keras", "horovod.tensorflow", "horovod.keras")
 
 
@@ -99,10 +106,10 @@ def test_imports_point_down_the_layers(path):
         other = hvdkit_unit(name)
         if other is None or other == mine:
             continue
-        if mine == "launch":
+        if mine in BESIDE_THE_STACK:
             if other not in LAUNCH_MAY_USE and ".".join(name.split(".")[1:3]) not in LAUNCH_MAY_USE:
-                wrong.append(f"line {line}: launch imports {name}")
-        elif other == "launch":
+                wrong.append(f"line {line}: {mine} imports {name}")
+        elif other == "launch" and mine != "clusters":
             wrong.append(f"line {line}: {mine} imports the launcher ({name})")
         elif LAYERS.get(other, TOP) > LAYERS.get(mine, TOP):
             wrong.append(
@@ -114,7 +121,7 @@ def test_imports_point_down_the_layers(path):
 
 @pytest.mark.parametrize(
     "path",
-    [p for p in modules() if unit(p) == "launch"],
+    [p for p in modules() if unit(p) in BESIDE_THE_STACK],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_launcher_never_imports_tensorflow_or_keras(path):
@@ -224,6 +231,12 @@ def test_the_circle_check_sees_one():
     assert "hvdkit.runtime" in graph["hvdkit.fault.elastic"]
     assert "hvdkit.process_sets" in graph["hvdkit.runtime"]
     assert "hvdkit.runtime" not in graph["hvdkit.process_sets"]  # the circle that was
+
+
+def test_the_package_root_holds_at_most_max_root_modules():
+    # the root shows the layers; tools and concepts with several modules live in folders
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules in hvdkit/: {root}"
 
 
 # A class is a concept a reader takes in at one sitting: none over this many lines

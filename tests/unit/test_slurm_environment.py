@@ -1,4 +1,4 @@
-"""hvdkit.environments.SlurmEnvironment: what an srun task, a batch script and hvdkitrun see.
+"""hvdkit.clusters.slurm.SlurmEnvironment: what an srun task, a batch script and hvdkitrun see.
 
 The environments are the variables Slurm 22.05 gave tasks on tests/slurm_cluster.py's
 cluster (srun -N2 -n4 and the batch script of sbatch -N2 -n2).
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from hvdkit import config
-from hvdkit.environments import SlurmEnvironment, expand_hostlist, expand_tasks_per_node
+from hvdkit.clusters._world import places
+from hvdkit.clusters.slurm import SlurmEnvironment, expand_hostlist, expand_tasks_per_node
 from hvdkit.errors import ConfigurationError
 
 JOB = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "4"}
@@ -68,11 +69,11 @@ def test_uneven_nodes_cross_communicator_and_rendezvous_slots():
     assert (env.local_size, env.cross_rank, env.cross_size) == (2, 0, 1)
     env = SlurmEnvironment.detect(task(2, 1, 0, per_node="2,1"))
     assert (env.local_size, env.cross_rank, env.cross_size) == (1, 1, 2)
-    assert env.slots() == [
-        dict(hostname="n1", local_rank=0, local_size=2, cross_size=2),
-        dict(hostname="n1", local_rank=1, local_size=2, cross_size=1),
-        dict(hostname="n2", local_rank=0, local_size=1, cross_size=2),
+    assert env.block_hosts() == ["n1", "n1", "n2"]
+    world = [
+        (p.hostname, p.local_rank, p.local_size, p.cross_size) for p in places(env.block_hosts())
     ]
+    assert world == [("n1", 0, 2, 2), ("n1", 1, 2, 1), ("n2", 0, 1, 2)]
 
 
 def test_batch_script_and_other_launchers_are_not_srun_tasks():
@@ -154,7 +155,7 @@ def test_hvdkitrun_in_an_allocation_takes_its_nodes_and_tasks(monkeypatch):
 
 
 def test_job_record_time_limits_and_requeue_advice():
-    from hvdkit.environments import parse_job_record, requeue_advice, time_limit_seconds
+    from hvdkit.clusters.slurm import parse_job_record, requeue_advice, time_limit_seconds
 
     record = parse_job_record("JobId=7 JobState=RUNNING Requeue=1 TimeLimit=00:05:00 x=")
     assert (record["JobState"], record["Requeue"], record["x"]) == ("RUNNING", "1", "")
