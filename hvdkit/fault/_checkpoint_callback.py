@@ -7,7 +7,7 @@ that into the Checkpointer's step count and calls
 :meth:`~hvdkit.Checkpointer.maybe_save` with it.
 
 Example:
-    >>> model.fit(dataset, callbacks=[CheckpointCallback(ckpt, None)])
+    >>> model.fit(dataset, callbacks=[CheckpointCallback(ckpt, batch_size=32)])
 """
 
 from __future__ import annotations
@@ -25,15 +25,25 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     Args:
         ckpt: The :class:`~hvdkit.Checkpointer` (not imported here: it imports this).
-        position: A ShardPositionCallback this callback runs first (it
-            advances the sampler), or ``None`` when one runs before this
-            callback; then the first step checks that the sampler advanced.
+        batch_size: Advance ``ckpt.sampler`` by it after each batch (a
+            ShardPositionCallback run first); ``None`` when one runs before
+            this callback: then the first step checks that the sampler advanced.
+
+    Raises:
+        ConfigurationError: ``batch_size`` is given and ``ckpt`` has no sampler.
     """
 
-    def __init__(self, ckpt, position: ShardPositionCallback | None):
+    def __init__(self, ckpt, batch_size: int | None):
         super().__init__()
+        if batch_size is not None and ckpt.sampler is None:
+            raise ConfigurationError(
+                "Checkpointer.callback: batch_size is for advancing the sampler, but "
+                "this Checkpointer has none; drop batch_size or pass sampler=."
+            )
         self.ckpt = ckpt
-        self.position = position
+        self.position = None
+        if batch_size is not None:
+            self.position = ShardPositionCallback(ckpt.sampler, batch_size)
         self._batch = -1
         self._before = None
 

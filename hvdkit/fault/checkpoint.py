@@ -29,7 +29,7 @@ import keras
 
 from .. import _phases, collectives, errors, runtime
 from .._validate import check_int
-from ..data.sampler import ShardPositionCallback, ShardSampler
+from ..data.sampler import ShardSampler
 from ..errors import ConfigurationError, HvdkitError
 from . import _checkpoint_files as files
 from ._background_write import BackgroundWriter
@@ -477,17 +477,9 @@ class Checkpointer:
         callback, or pass ``batch_size=B`` to have this callback advance the
         sampler itself (then leave ShardPositionCallback out).
 
-        Raises (during fit):
-            ConfigurationError: there is a sampler, no ``batch_size``, and the
-                sampler did not advance in the first step (no
-                ShardPositionCallback before this callback).
+        Raises:
+            ConfigurationError: ``batch_size`` without a sampler; during fit: there
+                is a sampler, no ``batch_size``, and the sampler did not advance in
+                the first step (no ShardPositionCallback before this callback).
         """
-        position = None
-        if batch_size is not None:
-            if self.sampler is None:
-                raise ConfigurationError(
-                    "Checkpointer.callback: batch_size is for advancing the sampler, but "
-                    "this Checkpointer has none; drop batch_size or pass sampler=."
-                )
-            position = ShardPositionCallback(self.sampler, batch_size)
-        return CheckpointCallback(self, position)
+        return CheckpointCallback(self, batch_size)

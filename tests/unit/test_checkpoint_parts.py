@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 
+import hvdkit
 from hvdkit.data import ShardSampler
 from hvdkit.errors import HvdkitError
 from hvdkit.fault._background_write import BackgroundWriter
@@ -148,3 +149,12 @@ def test_a_used_up_epoch_resumes_as_the_next(read, shards_then, epoch):
     saver.advance(read)
     sampler = ShardSampler(6, 2, 0)
     assert resume_sampler(sampler, saver.state_dict()) == epoch == sampler.epoch
+
+
+# --------------------------------------------------------------------------- Keras callback
+def test_a_batch_size_without_a_sampler_is_refused_when_the_callback_is_made(tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    ckpt = hvdkit.Checkpointer(tmp_path, model=model)
+    with pytest.raises(hvdkit.ConfigurationError, match="batch_size is for advancing the sampler"):
+        ckpt.callback(batch_size=4)
+    assert ckpt.callback().position is None  # without batch_size: nothing to advance
