@@ -43,6 +43,11 @@ MAX_STORED_BYTES = 1 << 28  # all values together
 MAX_CONNECTIONS = 64
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
+# How often the serving loop looks whether stop() was called. The scheduler stops
+# a round's server before it sends the next round's assignments: at socketserver's
+# default (0.5 s) that wait was up to half of every in-process regroup
+# (benchmarks/control_plane.py).
+STOP_POLL_S = 0.05
 FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 # Why a request is refused: the fixed kinds the refusal log counts (never the path or size).
@@ -224,7 +229,10 @@ class GuardedRendezvous:
         """Listen on ``bind_host`` at ``port`` (0: any free port); the port. Ignores the handler."""
         self.httpd = GuardedHTTPServer((self.bind_host, port), self.allowed, self.verbose)
         self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="hvdkit-rendezvous", daemon=True
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": STOP_POLL_S},
+            name="hvdkit-rendezvous",
+            daemon=True,
         )
         self._thread.start()
         port = self.httpd.server_address[1]

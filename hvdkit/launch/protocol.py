@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -122,13 +123,16 @@ class Channel:
     # ------------------------------------------------------------ sending
     def send(self, **msg) -> None:
         with self._send_lock:
-            body = json.dumps(msg, separators=(",", ":"))
-            if self._keys is not None:
-                send_key, _, session = self._keys
-                sig = auth.mac(send_key, session, self._sent, body)
-                body = json.dumps({"b": body, "n": self._sent, "m": sig})
-                self._sent += 1
-            self.sock.sendall(body.encode() + b"\n")
+            self._send_locked(**msg)
+
+    def _send_locked(self, **msg) -> None:
+        body = json.dumps(msg, separators=(",", ":"))
+        if self._keys is not None:
+            send_key, _, session = self._keys
+            sig = auth.mac(send_key, session, self._sent, body)
+            body = json.dumps({"b": body, "n": self._sent, "m": sig})
+            self._sent += 1
+        self.sock.sendall(body.encode() + b"\n")
 
     def send_raw(self, line: bytes) -> None:
         with self._send_lock:
@@ -147,14 +151,19 @@ class Channel:
             >>> ch.recv()   # skips keep-alives; Silent after silence_s without a word
         """
         self._silence_s = silence_s
-        threading.Thread(target=self._send_alive, args=(every_s,), daemon=True).start()
+        _KeepAlive.of(every_s).add(self)
 
-    def _send_alive(self, every_s: float) -> None:
-        while not self._closed.wait(every_s):
-            try:
-                self.send(type=ALIVE)
-            except OSError:
-                return  # the connection is gone; the reader finds out
+    def _send_alive(self) -> bool:
+        """One keep-alive, unless a message is being sent (that proves life); False if gone."""
+        if not self._send_lock.acquire(blocking=False):
+            return True
+        try:
+            self._send_locked(type=ALIVE)
+            return True
+        except OSError:
+            return False  # the connection is gone; the reader finds out
+        finally:
+            self._send_lock.release()
 
     # ------------------------------------------------------------ receiving
     def recv_line(self, deadline: float | None = None) -> bytes | None:
@@ -273,6 +282,70 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
+
+
+class _KeepAlive:
+    """One thread per process and interval sends the keep-alives of all its channels.
+
+    A scheduler holds one channel per worker; with a sending thread each, 1,000
+    workers meant 1,000 threads waking every second and contending for the GIL,
+    which delayed the scheduler's own messages by seconds
+    (benchmarks/control_plane.py). Only channels whose socket can take a line
+    now are sent to: a peer that reads nothing (its send buffer full) is
+    skipped, never waited for, so one stuck peer cannot hold up the others'
+    keep-alives; its own silence limit ends it.
+    """
+
+    _by_interval: dict[float, _KeepAlive] = {}
+    _made = threading.Lock()
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self._channels: set[Channel] = set()
+        self._lock = threading.Lock()
+        name = f"hvdkit-keepalive-{every_s:g}s"
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    @classmethod
+    def of(cls, every_s: float) -> _KeepAlive:
+        with cls._made:
+            if every_s not in cls._by_interval:
+                cls._by_interval[every_s] = cls(every_s)
+            return cls._by_interval[every_s]
+
+    def add(self, ch: Channel) -> None:
+        with self._lock:
+            self._channels.add(ch)
+
+    def _loop(self) -> None:
+        due = time.monotonic()
+        while True:
+            due += self.every_s
+            time.sleep(max(0.0, due - time.monotonic()))
+            due = max(due, time.monotonic() - self.every_s)  # after a long stall: no burst
+            with self._lock:
+                live = {ch for ch in self._channels if not ch._closed.is_set()}
+                self._channels = live
+            for ch in _writable(live):
+                if not ch._send_alive():
+                    with self._lock:
+                        self._channels.discard(ch)
+
+
+def _writable(channels) -> list[Channel]:
+    """The channels whose socket accepts a line without blocking now."""
+    poller, by_fd = select.poll(), {}
+    for ch in channels:
+        try:
+            fd = ch.sock.fileno()
+        except OSError:
+            continue
+        if fd >= 0:
+            by_fd[fd] = ch
+            poller.register(fd, select.POLLOUT)
+    if not by_fd:
+        return []
+    return [by_fd[fd] for fd, ev in poller.poll(0) if ev & select.POLLOUT and fd in by_fd]
 
 
 def _plain(line: bytes, max_bytes: int) -> dict:

@@ -133,7 +133,12 @@ class Scheduler:
                 f"use this port: choose another {config.named(config.SCHED_PORT)} (and give it to "
                 "the workers)."
             ) from None
-        self.sock.listen(64)
+        # Every worker may connect at once (a job's start): a connection beyond the
+        # backlog is dropped by the kernel and its client tries again only after 1, 3,
+        # 7, 15, 31 s (SYN retransmits), which made 1,000 workers take 30-80 s to
+        # register with a backlog of 64 (benchmarks/control_plane.py). Linux caps it
+        # at net.core.somaxconn.
+        self.sock.listen(max(64, worker_num))
         # (registration, round or None if the connection was lost, code, detail, tail);
         # code is an exit status, or READY, RESUMED, FINISHED, LOST or SILENT (rounds.Report)
         self.events: queue.Queue = queue.Queue()
@@ -270,7 +275,8 @@ class Scheduler:
                 continue
             if result.survivors:
                 requeued = result.requeued or []
-                lost = [r for r in regs if r not in result.survivors and r not in requeued]
+                kept = {*result.survivors, *requeued}  # a set: N look-ups, not N * N
+                lost = [r for r in regs if r not in kept]
                 log.warning(
                     "%s; %d of %d workers go on in-process as round %d (lost: %s)",
                     result.cause,
@@ -414,6 +420,7 @@ class Scheduler:
         """
         layout = layout_for(regs)
         server, rdv_port = self._start_rendezvous(layout, {r.host for r in regs})
+        inplace = set(inplace)  # N look-ups below, not N * N
         joining = [r for r in regs if r not in inplace] if inplace else []
         try:
             later = {}  # survivors' assignments, sent once the newcomers are ready
