@@ -43,6 +43,23 @@ PROTOCOL_VERSION = 2
 ALIVE = "alive"  # a keep-alive message: recv() skips it; it proves the peer is there
 ALIVE_EVERY_S = 1.0  # how often each end of a kept-alive channel sends one
 MIN_SILENCE_S = 10.0  # the shortest silence that counts a peer as lost (a loaded machine)
+# The kinds of message (a message's "type"), each named once; every message about a
+# round carries its number, "round".
+# The handshake (admit/register below):
+CHALLENGE = "challenge"  # scheduler: a fresh "nonce" to sign
+REGISTER = "register"  # worker: its registration, signed over the nonce ("hostname", "pid")
+REFUSED = "refused"  # scheduler: not admitted ("reason")
+# scheduler -> worker, after the handshake:
+ASSIGN = "assign"  # a rank of round "round" and Horovod's settings; "inplace": for the
+#   running program (a new world, elastic), "join": the program joins running survivors
+ABORT = "abort"  # stop the program of round "round" ("reason")
+PREEMPT = "preempt"  # the scheduler got SIGTERM: stop at a common step with a checkpoint
+GO = "go"  # every rank of round "round" is ready: start Horovod (elastic)
+DESCRIBE = "describe"  # what are the ranks of round "round" doing? (answered with STATE)
+DONE = "done"  # the job ended with status "code"
+# worker -> scheduler:
+EXIT = "exit"  # the program of round "round" ended: "code", "detail", "tail" (last lines)
+STATE = "state"  # the answer to DESCRIBE: "ranks", {rank: what it is doing}
 # A worker's word about its program in an elastic job, besides its exit report.
 READY = "ready"  # the program is about to meet the other ranks of round "round"
 RESUMED = "resumed"  # rank 0 trains again in round "round", from step "step"
@@ -259,8 +276,8 @@ class Channel:
         if not isinstance(env, dict):
             log.warning("dropped a malformed line from %s (not an object)", auth.where(self.peer))
             return None
-        if env.get("type") == "refused" and "m" not in env and self._received == 0:
-            return {"type": "refused", "reason": str(env.get("reason", "refused"))[:500]}
+        if env.get("type") == REFUSED and "m" not in env and self._received == 0:
+            return {"type": REFUSED, "reason": str(env.get("reason", "refused"))[:500]}
         text, seq = env.get("b"), env.get("n")
         if not isinstance(text, str) or seq != self._received:
             log.warning("dropped a replayed or out-of-order line from %s", auth.where(self.peer))
@@ -371,7 +388,7 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
     """
     ch = Channel(conn, max_line=MAX_HELLO)  # nobody is authenticated yet: a small line
     nonce = auth.new_nonce()
-    ch.send(type="challenge", nonce=nonce, version=PROTOCOL_VERSION)
+    ch.send(type=CHALLENGE, nonce=nonce, version=PROTOCOL_VERSION)
     line = ch.recv_line(deadline)
     if line is None:
         raise Refused("closed the connection before registering", DROPPED)
@@ -381,7 +398,7 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
         msg = _plain(line, MAX_HELLO)
         if msg.get("type") == "garbage":
             _refuse(ch, NOT_REGISTRATION, str(msg["why"]))
-        if msg.get("type") != "register":
+        if msg.get("type") != REGISTER:
             _refuse(ch, NOT_REGISTRATION)
         if "token" in msg:  # hvdkit before the challenge sent the token itself
             _refuse(ch, BAD_TOKEN, "this worker's hvdkit sends it in clear: update it")
@@ -393,7 +410,7 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
         hello = auth.parse_body(text)
     except auth.AuthError as exc:
         _refuse(ch, NOT_REGISTRATION, exc.detail)
-    if hello.get("type") != "register" or not auth.is_nonce(hello.get("nonce")):
+    if hello.get("type") != REGISTER or not auth.is_nonce(hello.get("nonce")):
         _refuse(ch, NOT_REGISTRATION)
     ch.max_line = MAX_LINE
     ch.secure(keys.send, keys.receive, nonce + hello["nonce"])
@@ -403,7 +420,7 @@ def admit(conn: socket.socket, token: str, deadline: float) -> tuple[Channel, di
 def _refuse(ch: Channel, kind: str, detail: str = "") -> NoReturn:
     reason = f"{kind} ({detail})" if detail else kind
     try:
-        ch.send(type="refused", reason=reason)
+        ch.send(type=REFUSED, reason=reason)
     except OSError:
         pass
     ch.close()
@@ -426,12 +443,12 @@ def register(ch: Channel, token: str, deadline: float, **fields) -> None:
         raise Busy("the scheduler closed the connection before its challenge")
     if msg.get("type") == BUSY:
         raise Busy(str(msg.get("reason", BUSY))[:200])
-    if msg.get("type") == "refused":
+    if msg.get("type") == REFUSED:
         raise Refused(str(msg.get("reason"))[:500])
-    if msg.get("type") != "challenge" or not auth.is_nonce(msg.get("nonce")):
+    if msg.get("type") != CHALLENGE or not auth.is_nonce(msg.get("nonce")):
         raise Refused(f"unexpected first message {str(msg)[:200]} (not an hvdkit scheduler?)")
     mine = auth.new_nonce()
-    body = {"type": "register", "nonce": mine, **fields}
+    body = {"type": REGISTER, "nonce": mine, **fields}
     keys = auth.channel_keys(token, config.WORKER)
     ch.send_raw(auth.seal(keys.register, body, msg["nonce"]))
     ch.secure(keys.send, keys.receive, msg["nonce"] + mine)
@@ -568,7 +585,7 @@ def _tell_busy(conn: socket.socket, why: str) -> None:
 
 def _quietly_refuse(ch: Channel, reason: str) -> None:
     try:
-        ch.send(type="abort", reason=reason)
+        ch.send(type=ABORT, reason=reason)
     except OSError:
         pass
     ch.close()

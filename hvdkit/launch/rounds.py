@@ -28,6 +28,18 @@ worker not in this round, is dropped before the table
 (:meth:`Round.concerns`); a round whose ranks have all reported ends
 (:meth:`Round.conclude`), in whatever phase.
 
+Decisions and effects are apart: a handler looks at the round's state, updates
+its bookkeeping and returns an :class:`Action` (the next phase, the messages
+to send, a grace timer to start, whether to await the ranks told to stop, the
+result); it never sends, waits or sets the phase. :meth:`Round.apply` is the
+one executor that does, so a unit test walks every row without processes::
+
+    event --> concerns? --no--> dropped
+                 |yes
+                 v
+    TRANSITIONS[(phase, event)] --> handler(state, report) --> Action --> apply()
+                                                                  (send, timer, wait, phase)
+
 The transitions: :data:`TRANSITIONS` is this table, and a unit test checks
 that both say the same and walks every row::
 
@@ -80,13 +92,13 @@ import enum
 import logging
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import config
 from .failures import root_cause
 from .heartbeat import STUCK
-from .protocol import FINISHED, READY, RESUMED, Channel
+from .protocol import ABORT, DESCRIBE, FINISHED, GO, PREEMPT, READY, RESUMED, Channel
 
 log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
@@ -211,19 +223,47 @@ _EVENT_OF_CODE = {
 }  # any other code is an exit status: FAILED
 
 
+@dataclass
+class Action:
+    """What a handler decided, for :meth:`Round.apply` (the one executor) to carry out.
+
+    ``phase``: the round's next phase (None: it stays); ``send``: messages,
+    each to one worker, in order; ``grace_s``: start the grace period (unless
+    one runs); ``drain``: the ranks just told to stop are awaited (up to
+    :data:`ABORT_WAIT_S`) before ``result``, the round's end, is taken.
+    """
+
+    phase: Phase | None = None
+    send: list[tuple[Registration, dict]] = field(default_factory=list)
+    grace_s: float | None = None
+    drain: bool = False
+    result: RoundResult | None = None
+
+    def then(self, other: Action) -> Action:
+        """This action followed by ``other``: both's messages, the later phase."""
+        return dataclasses.replace(
+            other, phase=other.phase or self.phase, send=[*self.send, *other.send]
+        )
+
+
 class Round:
-    """One round's state and its handlers; :meth:`run` follows it to its end.
+    """One round's state, its handlers and the executor; :meth:`run` follows it to its end.
 
     ``later``: the survivors' assignments of a growing round, sent when every
     joining worker said ``ready``; until then those workers still run the
     previous round (their reports carry its number). ``meet``: the ranks start
     Horovod in-process (survivors, newcomers of an elastic job): each says
     ``ready``, and all are told ``go`` together, so no rank waits in Gloo's
-    rendezvous for one that noticed the change later. Example::
+    rendezvous for one that noticed the change later.
+
+    A handler (``on_*``, :meth:`conclude`) updates the round's bookkeeping and
+    returns an :class:`Action`; it never sends, waits or changes the phase:
+    :meth:`apply`, the one executor, does. Example::
 
         rnd = Round(scheduler, [a, b, c], 7, later={}, meet=False)  # TRAINING
-        rnd.handle(Event.FAILED, Report(b, 7, 1, "exit code 1"))
-        rnd.phase, rnd.result.survivors  # ENDED, [a, c] (an elastic job)
+        act = rnd.on_failed(Report(b, 7, 1, "exit code 1"))
+        act.phase, act.result.survivors  # ENDED, [a, c] (an elastic job)
+        rnd.apply(act)                    # now rnd.phase is ENDED
     """
 
     def __init__(self, job: Job, regs: list[Registration], number: int, later: dict, meet: bool):
@@ -249,41 +289,55 @@ class Round:
         """Follow the round until its result is decided; the result."""
         for r in self.remaining:  # lost before its listener saw this round's assignment
             if r.gone:
-                self.job.events.put((r, None, LOST, self.job.lost(r), []))
+                self.job.events.put(Report(r, None, LOST, self.job.lost(r)))
         while self.phase is not Phase.ENDED:
             if not self.remaining:
-                self.conclude()
+                self.apply(self.conclude())
                 break
-            event, report = self.next_event()
+            event, arg = self.next_event()
             if event is not None:
-                self.handle(event, report)
+                self.handle(event, arg)
         return self.result
 
-    def next_event(self) -> tuple[Event | None, Report | None]:
-        """What happens next; (None, None) when only a look at the signals was due."""
+    def next_event(self) -> tuple[Event | None, Report | list | None]:
+        """What happens next, with its report (or the newcomers that join); (None, None)
+        when only a look at the signals was due."""
         job = self.job
         if job.sigterm and not self.preempting:
             return Event.SIGTERM, None
         if self.phase is Phase.JOINING and time.monotonic() > self.ready_by:
             return Event.LATE, None
         if self.takes_newcomers() and not job.newcomers.empty():
-            return Event.NEWCOMER, None
+            joining = self.take_newcomers()
+            return (Event.NEWCOMER, joining) if joining else (None, None)
         grace = self.grace_until
         timeout = SIGNAL_POLL_S if grace is None else grace - time.monotonic()
         try:
-            reg, rnd, code, detail, tail = job.events.get(timeout=max(0.0, timeout))
+            report = job.events.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return (None if grace is None else Event.GRACE_OVER), None
-        report = Report(reg, rnd, code, detail, tuple(tail))
         return report.event, report
 
-    def handle(self, event: Event, report: Report | None = None) -> None:
+    def handle(self, event: Event, arg: Report | list | None = None) -> None:
         """Apply one event: the handler :data:`TRANSITIONS` names for it in this phase."""
-        if report is not None and not self.concerns(event, report):
+        if isinstance(arg, Report) and not self.concerns(event, arg):
             return
         row = TRANSITIONS.get((self.phase, event))
         if row is not None:  # (the loop makes no event the phase has no row for)
-            row[0](self, report)
+            self.apply(row[0](self, arg))
+
+    def apply(self, act: Action) -> None:
+        """The executor: send the action's messages, start its timer, wait, enter its phase."""
+        for reg, msg in act.send:
+            reg.send(**msg)
+        if act.grace_s is not None and self.grace_until is None:
+            self.grace_until = time.monotonic() + act.grace_s
+        if act.drain:
+            self.wait_for_the_rest()
+        if act.result is not None:
+            self.result = act.result
+        if act.phase is not None:
+            self.phase = act.phase
 
     def concerns(self, event: Event, report: Report) -> bool:
         """Whether a report is about this round (a late one of an earlier round is not)."""
@@ -309,80 +363,9 @@ class Round:
             and len(self.remaining) < job.worker_num
         )
 
-    # ------------------------------------------------------------ the handlers
-    def on_ready(self, report: Report) -> None:
-        if report.round != self.number:
-            return  # ready for a round given up
-        self.waiting.discard(report.reg)
-        if self.unready is not None:
-            self.unready.discard(report.reg)
-        if self.phase is Phase.JOINING and not self.waiting:
-            self.tell_survivors()
-        if self.unready is not None and not self.unready:
-            self.go()
-
-    def on_resumed(self, report: Report) -> None:
-        ranks = self.job.round_sizes.get(report.round, "?")
-        log.info("round %d: %s ranks train again from step %s", report.round, ranks, report.detail)
-
-    def on_finished(self, report: Report) -> None:
-        self.training_over(report.reg.rank)
-
-    def on_exited(self, report: Report) -> None:
-        rank = self.remaining.pop(report.reg)
-        if report.reg not in self.newcomers:  # (its worker may not have said "finished")
-            self.training_over(rank)
-        if not self.failures:
-            self.exited_ok.append(rank)
-
-    def on_preempted(self, report: Report) -> None:
-        self.remaining.pop(report.reg)
-        self.preempted = self.preempted or report.detail
-
-    def on_failed(self, report: Report) -> None:
-        rank = self.remaining.pop(report.reg)
-        self.failures[rank] = (report.detail, list(report.tail))
-        if self.recoverable():
-            # The others' programs notice the dead peer (a closed connection, our word
-            # through their workers, or Gloo's timeout) and wait for their next
-            # assignment: no abort, no restart.
-            self.end(RoundResult(rank, report.detail, report.tail, survivors=[*self.remaining]))
-            return
-        if report.detail.startswith(STUCK) and not self.described:
-            # A worker sees only its own ranks: ask the others what theirs are
-            # doing, so the report names every rank's collective.
-            for r in self.remaining:
-                r.send(type="describe", round=r.round)
-            self.described = True
-        if self.grace_until is None:
-            # Other ranks usually fail right after the real culprit; collect them
-            # briefly so the report names the right one.
-            self.grace_until = time.monotonic() + FAILURE_GRACE_S
-            self.phase = Phase.GRACE
-
-    def on_exit_while_joining(self, report: Report) -> None:
-        """A growing round's member ended before the survivors heard of the bigger world."""
-        reg, detail = report.reg, report.detail
-        rank = self.remaining[reg]
-        ended = RoundResult(rank, detail, report.tail)
-        if reg in self.newcomers:  # it is lost; the other newcomers wait to join again
-            why = f"joining rank {rank} {detail}"
-            self.end(self.without(why, ended, self.newcomers - {reg}))
-            return
-        del self.remaining[reg]
-        if report.event is not Event.EXITED:  # a survivor died: regroup; the newcomers wait
-            why = f"a survivor was lost meanwhile: rank {rank} {detail}"
-            self.end(self.without(why, ended, self.newcomers))
-            return
-        self.training_over(rank)  # it finished: the newcomers are sent away
-        self.exited_ok.append(rank)
-
-    def on_late(self, _report: None) -> None:
-        why = f"the joining workers' programs were not ready within {self.job.timeout_s:g} s"
-        self.end(self.without(why))
-
-    def on_newcomer(self, _report: None) -> None:
-        joining = []
+    def take_newcomers(self) -> list[Registration]:
+        """The waiting workers that fill the round up to ``worker_num`` (lost ones dropped)."""
+        joining: list[Registration] = []
         while len(self.remaining) + len(joining) < self.job.worker_num:
             try:
                 reg = self.job.newcomers.get_nowait()
@@ -390,10 +373,90 @@ class Round:
                 break
             if not reg.gone:
                 joining.append(reg)
-        if joining:
-            self.end(RoundResult(survivors=list(self.remaining), joining=joining))
+        return joining
 
-    def on_sigterm(self, _report: None) -> None:
+    # ------------------------------------------------------------ the handlers
+    def on_ready(self, report: Report) -> Action:
+        if report.round != self.number:
+            return Action()  # ready for a round given up
+        self.waiting.discard(report.reg)
+        if self.unready is not None:
+            self.unready.discard(report.reg)
+        act = Action()
+        if self.phase is Phase.JOINING and not self.waiting:
+            act = self.tell_survivors()
+        if self.unready is not None and not self.unready:
+            act = act.then(self.go(act.phase or self.phase))
+        return act
+
+    def on_resumed(self, report: Report) -> Action:
+        ranks = self.job.round_sizes.get(report.round, "?")
+        log.info("round %d: %s ranks train again from step %s", report.round, ranks, report.detail)
+        return Action()
+
+    def on_finished(self, report: Report) -> Action:
+        return self.training_over(report.reg.rank)
+
+    def on_exited(self, report: Report) -> Action:
+        rank = self.remaining.pop(report.reg)
+        act = Action()
+        if report.reg not in self.newcomers:  # (its worker may not have said "finished")
+            act = self.training_over(rank)
+        if not self.failures:
+            self.exited_ok.append(rank)
+        return act
+
+    def on_preempted(self, report: Report) -> Action:
+        self.remaining.pop(report.reg)
+        self.preempted = self.preempted or report.detail
+        return Action()
+
+    def on_failed(self, report: Report) -> Action:
+        rank = self.remaining.pop(report.reg)
+        self.failures[rank] = (report.detail, list(report.tail))
+        if self.recoverable():
+            # The others' programs notice the dead peer (a closed connection, our word
+            # through their workers, or Gloo's timeout) and wait for their next
+            # assignment: no abort, no restart.
+            return self.end(
+                RoundResult(rank, report.detail, report.tail, survivors=[*self.remaining])
+            )
+        act = Action()
+        if report.detail.startswith(STUCK) and not self.described:
+            # A worker sees only its own ranks: ask the others what theirs are
+            # doing, so the report names every rank's collective.
+            act.send = [(r, _msg(DESCRIBE, r.round)) for r in self.remaining]
+            self.described = True
+        if self.grace_until is None:
+            # Other ranks usually fail right after the real culprit; collect them
+            # briefly so the report names the right one.
+            act.grace_s, act.phase = FAILURE_GRACE_S, Phase.GRACE
+        return act
+
+    def on_exit_while_joining(self, report: Report) -> Action:
+        """A growing round's member ended before the survivors heard of the bigger world."""
+        reg, detail = report.reg, report.detail
+        rank = self.remaining[reg]
+        ended = RoundResult(rank, detail, report.tail)
+        if reg in self.newcomers:  # it is lost; the other newcomers wait to join again
+            return self.without(f"joining rank {rank} {detail}", ended, self.newcomers - {reg})
+        del self.remaining[reg]
+        if report.event is not Event.EXITED:  # a survivor died: regroup; the newcomers wait
+            why = f"a survivor was lost meanwhile: rank {rank} {detail}"
+            return self.without(why, ended, self.newcomers)
+        self.exited_ok.append(rank)
+        return self.training_over(rank)  # it finished: the newcomers are sent away
+
+    def on_late(self, _report: None) -> Action:
+        why = f"the joining workers' programs were not ready within {self.job.timeout_s:g} s"
+        return self.without(why)
+
+    def on_newcomer(self, joining: list[Registration]) -> Action:
+        if not joining:
+            return Action()
+        return self.end(RoundResult(survivors=list(self.remaining), joining=joining))
+
+    def on_sigterm(self, _report: None) -> Action:
         """Pass the scheduler's SIGTERM on: every worker forwards it to its rank."""
         log.warning(
             "SIGTERM: asking the %d workers to stop their ranks at a common step and "
@@ -402,24 +465,24 @@ class Round:
             config.preempt_grace(),
             config.PREEMPT_GRACE,
         )
-        for r in self.remaining:
-            r.send(type="preempt", round=r.round, reason="the scheduler received SIGTERM")
         self.preempting = True
+        why = "the scheduler received SIGTERM"
+        return Action(send=[(r, _msg(PREEMPT, r.round, reason=why)) for r in self.remaining])
 
-    def conclude(self, _report: None = None) -> None:
+    def conclude(self, _report: None = None) -> Action:
         """Every rank reported, or the grace period is over: stop the rest and decide."""
         if not self.failures:
-            self.end(RoundResult(preempted=self.preempted))
-            return
+            return self.end(RoundResult(preempted=self.preempted))
         culprit, detail, tail = self.blame()
-        for r in self.remaining:
-            r.send(type="abort", round=r.round, reason=f"rank {culprit} failed: {detail}")
-        self.wait_for_the_rest()
-        self.end(RoundResult(culprit, detail, tuple(tail)))
+        why = f"rank {culprit} failed: {detail}"
+        act = self.end(RoundResult(culprit, detail, tuple(tail)))
+        act.send, act.drain = [(r, _msg(ABORT, r.round, reason=why)) for r in self.remaining], True
+        return act
 
     # ------------------------------------------------------------ their steps
-    def end(self, result: RoundResult) -> None:
-        self.result, self.phase = result, Phase.ENDED
+    @staticmethod
+    def end(result: RoundResult) -> Action:
+        return Action(phase=Phase.ENDED, result=result)
 
     def recoverable(self) -> bool:
         """The survivors of a failure can go on in-process (elastic) now."""
@@ -427,23 +490,22 @@ class Round:
         enough = len(self.remaining) >= job.min_workers
         return job.elastic and enough and not (self.preempting or job.finishing)
 
-    def tell_survivors(self) -> None:
+    def tell_survivors(self) -> Action:
         """The newcomers are ready: the survivors get the bigger world."""
+        send = []
         for r, msg in self.later.items():
             r.round = self.number
-            r.send(**msg)
+            send.append((r, msg))
         self.later = {}
-        self.phase = Phase.MEETING
+        return Action(phase=Phase.MEETING, send=send)
 
-    def go(self) -> None:
-        """Every rank is ready: all start Horovod together."""
-        for r in self.remaining:
-            r.send(type="go", round=self.number)
+    def go(self, phase: Phase) -> Action:
+        """Every rank is ready: all start Horovod together (``phase``: the round's by now)."""
+        send = [(r, _msg(GO, self.number)) for r in self.remaining]
         self.unready, self.newcomers = None, set()  # members like the others from now on
-        if self.phase is Phase.MEETING:
-            self.phase = Phase.TRAINING
+        return Action(phase=Phase.TRAINING if phase is Phase.MEETING else None, send=send)
 
-    def training_over(self, rank: int) -> None:
+    def training_over(self, rank: int) -> Action:
         """``rank`` finished training: the job takes no newcomer from now on.
 
         Newcomers of this round still waiting to meet are sent away (they
@@ -456,15 +518,15 @@ class Round:
             if job.elastic:
                 log.info("rank %d finished training: the job takes no newcomer now", rank)
         if not self.newcomers & self.remaining.keys():
-            return
-        self.send_away("the job finished training")
+            return Action()
+        send = self.send_away("the job finished training")
         self.newcomers, self.waiting, self.later, self.unready = set(), set(), {}, None
-        if self.phase in (Phase.JOINING, Phase.MEETING):
-            self.phase = Phase.TRAINING
+        back = self.phase in (Phase.JOINING, Phase.MEETING)
+        return Action(phase=Phase.TRAINING if back else None, send=send)
 
     def without(
         self, why: str, ended: RoundResult | None = None, requeue: set = frozenset()
-    ) -> RoundResult:
+    ) -> Action:
         """A growing round that cannot form: the newcomers are sent away, the others regroup.
 
         ``ended``: the rank whose end made it fail (its cause is the round's);
@@ -472,23 +534,26 @@ class Round:
         ready). ``requeue``: newcomers that did nothing wrong; they wait to
         join again, without counting a restart.
         """
-        self.send_away(why)
+        send = self.send_away(why)
         survivors = [r for r in self.remaining if not r.gone]
         if not survivors or len(survivors) < self.job.min_workers:
-            for r in survivors:
-                r.send(type="abort", round=r.round, reason=why)
-            if ended is not None:
-                return ended
-            return RoundResult(self.remaining.get(survivors[0], 0) if survivors else 0, why)
+            send += [(r, _msg(ABORT, r.round, reason=why)) for r in survivors]
+            if ended is None:
+                ended = RoundResult(self.remaining.get(survivors[0], 0) if survivors else 0, why)
+            return dataclasses.replace(self.end(ended), send=send)
         base = ended or RoundResult(detail=why)
         waiting = [r for r in requeue if not r.gone]
-        return dataclasses.replace(base, survivors=survivors, requeued=waiting)
+        result = dataclasses.replace(base, survivors=survivors, requeued=waiting)
+        return dataclasses.replace(self.end(result), send=send)
 
-    def send_away(self, why: str) -> None:
+    def send_away(self, why: str) -> list[tuple[Registration, dict]]:
+        """The newcomers leave the round; the messages that tell them so."""
         log.warning("the joining workers are sent away (%s)", why)
+        send = []
         for r in self.newcomers:
             if self.remaining.pop(r, None) is not None:
-                r.send(type="abort", round=r.round, reason=f"could not join the job: {why}")
+                send.append((r, _msg(ABORT, r.round, reason=f"could not join the job: {why}")))
+        return send
 
     def blame(self) -> tuple[int, str, list[str]]:
         """The culprit of the failures (:func:`root_cause`), logged with what the others did."""
@@ -514,13 +579,13 @@ class Round:
         events = self.job.events
         while self.remaining and time.monotonic() < deadline:
             try:
-                reg, rnd, code, *_ = events.get(timeout=max(0.0, deadline - time.monotonic()))
+                report = events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if code in (READY, RESUMED, FINISHED):  # not an exit report
+            if report.code in (READY, RESUMED, FINISHED):  # not an exit report
                 continue
-            if reg in self.remaining and (rnd is None or rnd == self.number):
-                self.remaining.pop(reg)
+            if report.reg in self.remaining and report.round in (None, self.number):
+                self.remaining.pop(report.reg)
         if self.remaining:
             log.error(
                 "ranks %s did not report after being told to stop", sorted(self.remaining.values())
@@ -528,6 +593,11 @@ class Round:
             for r in self.remaining:  # not trusted with another round
                 r.gone = True
                 r.channel.close()
+
+
+def _msg(kind: str, round_: int, **fields) -> dict:
+    """A message about round ``round_`` (:mod:`~hvdkit.launch.protocol`'s kinds)."""
+    return {"type": kind, "round": round_, **fields}
 
 
 _J, _M, _T, _G, _E = Phase.JOINING, Phase.MEETING, Phase.TRAINING, Phase.GRACE, Phase.ENDED

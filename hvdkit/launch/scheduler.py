@@ -14,11 +14,8 @@ table). The launcher uses Horovod's runner only (the rendezvous server,
 guarded in :mod:`hvdkit.launch.guard`);
 :mod:`hvdkit.backends.horovod` is the only module that uses its collectives.
 
-Messages (one JSON object per line, :mod:`hvdkit.launch.protocol`):
-scheduler -> worker ``assign`` (with ``round``), ``abort`` (with ``round``),
-``preempt`` (with ``round``: the scheduler got ``SIGTERM``), ``done`` (with
-the job's ``code``); worker -> scheduler ``register``, ``exit`` (with
-``round``; code 75 and "preempted after step N" for a preemption).
+Messages: one JSON object per line; their kinds, each named once with its
+fields, are listed in :mod:`hvdkit.launch.protocol` (``ASSIGN`` ... ``STATE``).
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from . import protocol
 from .heartbeat import stall_timeout
 from .protocol import FINISHED, READY, RESUMED
 from .restart import RestartBudget, resume_step
-from .rounds import LOST, SILENT, Registration, Round, RoundResult
+from .rounds import LOST, SILENT, Registration, Report, Round, RoundResult
 
 log = logging.getLogger("hvdkit.scheduler")
 
@@ -139,14 +136,12 @@ class Scheduler:
         # register with a backlog of 64 (benchmarks/control_plane.py). Linux caps it
         # at net.core.somaxconn.
         self.sock.listen(max(64, worker_num))
-        # (registration, round or None if the connection was lost, code, detail, tail);
-        # code is an exit status, or READY, RESUMED, FINISHED, LOST or SILENT (rounds.Report)
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue[Report] = queue.Queue()  # the workers' word, as rounds.Report
         # elastic: a rank's training function returned; the job takes no newcomer now
         self.finishing = False
         self.round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
         self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
-        # round -> rank -> what it was doing, as workers answered a "describe"
+        # round -> rank -> what it was doing, as workers answered a DESCRIBE
         self._doings: dict[int, dict[int, str]] = {}
         self._doings_lock = threading.Lock()
         self._closing = threading.Event()
@@ -185,7 +180,7 @@ class Scheduler:
             if left <= 0:
                 where = ", ".join(f"{r.hostname} ({r.host}, pid {r.pid})" for r in regs) or "none"
                 for r in regs:
-                    r.send(type="abort", round=0, reason="not all workers arrived")
+                    r.send(type=protocol.ABORT, round=0, reason="not all workers arrived")
                 raise LaunchError(
                     f"only {len(regs)} of {self.worker_num} workers registered within "
                     f"{self.timeout_s:g} s (arrived: {where}). Start the missing workers with "
@@ -369,7 +364,7 @@ class Scheduler:
                 break
         for r in regs:
             if not r.gone:
-                r.send(type="done", code=code)
+                r.send(type=protocol.DONE, code=code)
         return code
 
     def _gather(self, alive: list[Registration]) -> list[Registration]:
@@ -429,7 +424,7 @@ class Scheduler:
                 reg.rank = a["rank"]
                 a["hostname"] = f"host{a.pop('host_index')}"
                 msg = dict(
-                    type="assign",
+                    type=protocol.ASSIGN,
                     rendezvous_port=rdv_port,
                     round=round_,
                     elastic=self.elastic,
@@ -526,19 +521,20 @@ class Scheduler:
                 msg = None
             if msg is None:
                 reg.gone = True
-                self.events.put((reg, None, how, lost or self.lost(reg), []))
+                self.events.put(Report(reg, None, how, lost or self.lost(reg)))
                 return
-            if msg.get("type") == "exit":
-                self.events.put((reg, *_exit_report(msg)))
-            elif msg.get("type") in (READY, FINISHED) and isinstance(msg.get("round"), int):
-                self.events.put((reg, msg["round"], msg["type"], "", []))
-            elif msg.get("type") == RESUMED and all(is_int(msg.get(k)) for k in ("round", "step")):
-                self.events.put((reg, msg["round"], RESUMED, str(msg["step"]), []))
-            elif msg.get("type") == "state":
+            kind = msg.get("type")
+            if kind == protocol.EXIT:
+                self.events.put(_exit_report(reg, msg))
+            elif kind in (READY, FINISHED) and isinstance(msg.get("round"), int):
+                self.events.put(Report(reg, msg["round"], kind))
+            elif kind == RESUMED and all(is_int(msg.get(k)) for k in ("round", "step")):
+                self.events.put(Report(reg, msg["round"], RESUMED, str(msg["step"])))
+            elif kind == protocol.STATE:
                 self._record_doings(msg)
 
     def _record_doings(self, msg: dict) -> None:
-        """Keep a worker's answer to ``describe``: ``{"round": n, "ranks": {"0": "waits in ..."}}``.
+        """Keep a worker's answer to DESCRIBE: ``{"round": n, "ranks": {"0": "waits in ..."}}``.
 
         A malformed answer is ignored (it only adds detail to a report).
         """
@@ -552,8 +548,8 @@ class Scheduler:
                     mine[int(rank)] = str(doing)[:300]
 
 
-def _exit_report(msg: dict) -> tuple:
-    """``(round, code, detail, tail)`` of a worker's exit message.
+def _exit_report(reg: Registration, msg: dict) -> Report:
+    """The report of ``reg``'s exit message.
 
     A malformed report (e.g. a worker of another hvdkit version) counts as a
     failure with what could be read; it must not end the listening thread,
@@ -567,5 +563,6 @@ def _exit_report(msg: dict) -> tuple:
     else:
         detail = str(msg.get("detail", f"exit code {code}"))
     tail = msg.get("tail", [])
-    tail = [str(line) for line in tail] if isinstance(tail, list) else []
-    return msg.get("round"), code, detail, tail
+    tail = tuple(str(line) for line in tail) if isinstance(tail, list) else ()
+    round_ = msg.get("round")
+    return Report(reg, round_ if isinstance(round_, int) else None, code, detail, tail)

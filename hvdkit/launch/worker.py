@@ -5,6 +5,8 @@ rendezvous settings, runs the training command with them, reports how it
 ended, and stops it if the scheduler says another rank failed. When the
 scheduler restarts the job the worker runs the command again with the new
 round's settings (``HVDKIT_RESTART_COUNT`` tells the program which round).
+Its phases and what it does with each word it gets are a table,
+:mod:`hvdkit.launch.worker_states`; this module carries the acts out.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from .. import _compat, _phases, config
 from .._comm import meeting as _meeting
 from ..errors import LaunchError
 from . import processes, protocol
-from .failures import describe_exit
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
 from .protocol import Channel
+from .worker_states import PROGRAM_PHASES, Act, Word, WorkerPhase, decide, verdict, word_of
 
 log = logging.getLogger("hvdkit.worker")
 _ROLE_VARS = (config.ROLE, *config.MINDSPORE_ALIASES.values())
@@ -116,24 +118,28 @@ def run_worker(
 def _run_rounds(ch, first, sched_host, token, command, stall, out) -> tuple[int, dict | None]:
     """Run the program once per ``assign`` until ``done``; (our last status, ``done`` or None).
 
-    None: the scheduler is gone, or a signal told this worker to stop.
+    The main thread's part of the worker's state machine
+    (:mod:`~hvdkit.launch.worker_states`): the words that come while no program
+    runs. None: the scheduler is gone, or a signal told this worker to stop.
     """
-    job = _Job(ch, _Inbox(ch), sched_host, token, command, stall, out)
+    worker = _Worker(ch, _Inbox(ch), sched_host, token, command, stall, out)
     code, said, msg = 1, "", first
     with processes.stop_signals() as signals:
-        while msg is not None and msg.get("type") != "done":
-            if msg.get("type") == "assign" and msg.get("inplace"):
+        while True:
+            act = worker.inbox.decide(msg)
+            if act is Act.END:
+                return code, msg
+            if act is Act.REPORT_AGAIN:
                 # Our program ended before its next world reached it (the job finishing,
                 # or it died just as the scheduler sent the world: its report of the old
                 # round came too late to count, so say again how it ended).
                 how = f"{said} before" if code != 0 else "ended before"
                 _report(ch, int(msg["round"]), code, f"{how} the job's new world formed", [])
-            elif msg.get("type") == "assign":
-                code, said = _run_program(job, msg, signals)
+            elif act is Act.START:
+                code, said = _run_program(worker, msg, signals)
                 if signals:  # told to stop: no next round for this worker (0: it had finished)
                     return (code if code in (0, config.EXIT_PREEMPTED) else 1), None
-            msg = job.inbox.next()
-    return code, msg
+            msg = worker.inbox.next()
 
 
 def _final_status(code: int, done: dict | None) -> int:
@@ -145,31 +151,33 @@ def _final_status(code: int, done: dict | None) -> int:
 
 
 @dataclass
-class _Round:
-    """The round a worker runs its program for, as the inbox thread sees it."""
+class _Running:
+    """The running program's round as the inbox thread sees it: what the scheduler said."""
 
     number: int
     reasons: list[str]  # why to stop the program now (aborts, a lost scheduler)
-    monitor: HeartbeatMonitor | None  # answers the scheduler's "describe"
-    preempt: list[str] = field(default_factory=list)  # the scheduler's "preempt", if it came
-    reassign: list[dict] = field(default_factory=list)  # in-place "assign"s (hvdkit.elastic)
+    monitor: HeartbeatMonitor | None  # answers the scheduler's DESCRIBE
+    preempt: list[str] = field(default_factory=list)  # the scheduler's PREEMPT, if it came
+    reassign: list[dict] = field(default_factory=list)  # in-place ASSIGNs (hvdkit.elastic)
     go: list[int] = field(default_factory=list)  # rounds whose ranks are all ready
 
 
 class _Inbox:
     """Reads the scheduler's messages on a thread for the worker's whole life.
 
-    ``abort`` for the round being run goes to that round's stop reasons (as
-    does a lost connection); ``preempt`` (the scheduler got ``SIGTERM``) to
-    its :attr:`_Round.preempt`; ``describe`` is answered at once with what the
-    round's ranks are doing (a ``state`` message, from the heartbeat monitor);
-    everything else is queued for :meth:`next`.
+    It holds the worker's phase (:class:`~hvdkit.launch.worker_states.WorkerPhase`).
+    While a program runs, the reading thread decides what each message is for
+    (:func:`~hvdkit.launch.worker_states.decide`) and carries it out
+    (:meth:`_carry_out`): a stop reason or a preemption for the running round,
+    a new world or a ``go`` for the program, an answer to DESCRIBE; the other
+    words wait in a queue for the main thread (:meth:`next`, :meth:`decide`).
     """
 
     def __init__(self, ch: Channel):
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._round: _Round | None = None
+        self._round: _Running | None = None
+        self.phase = WorkerPhase.REGISTERING
         threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
 
     def _loop(self, ch: Channel) -> None:
@@ -184,39 +192,61 @@ class _Inbox:
                     log.error("reading the scheduler's messages failed: %s", type(exc).__name__)
                 msg = None
             with self._lock:
+                if self.phase not in PROGRAM_PHASES:  # the main thread decides: the rest waits
+                    if decide(self.phase, word_of(msg))[0] is not Act.DROP:
+                        self._queue.put(msg)
+                    if msg is None:
+                        return
+                    continue
                 running = self._round
-                if msg is None:
-                    if running is not None:
-                        running.reasons.append("lost the connection to the scheduler")
-                    self._queue.put(None)
+                current = msg is not None and msg.get("round", 0) == running.number
+                act, self.phase = decide(self.phase, word_of(msg), current)
+                self._carry_out(act, msg, running, ch)
+                if act is Act.ABANDON:
                     return
-                current = running is not None and msg.get("round", 0) == running.number
-                kind = msg.get("type")
-                if kind in ("abort", "preempt"):  # a late one is of a round that ended
-                    if current:
-                        said = str(msg.get("reason"))
-                        (running.reasons if kind == "abort" else running.preempt).append(said)
-                    continue
-                if kind == "assign" and msg.get("inplace") and running is not None:
-                    running.reassign.append(msg)  # the program goes on in a new world
-                    continue
-                if kind == "go":
-                    if running is not None and isinstance(msg.get("round"), int):
-                        running.go.append(msg["round"])
-                    continue
-                if kind == "describe":
-                    if current and running.monitor is not None:
-                        doings = {str(r): d for r, d in running.monitor.doings().items()}
-                        try:
-                            ch.send(type="state", round=running.number, ranks=doings)
-                        except OSError:
-                            pass  # the scheduler is gone; the lost connection ends the round
-                    continue
-                self._queue.put(msg)
 
-    def running(self, round_: _Round | None) -> None:
-        """Route the messages of ``round_`` to it; ``None``: no program is running."""
+    def _carry_out(self, act: Act, msg: dict | None, running: _Running, ch: Channel) -> None:
+        """The inbox thread's executor: one act about the running program (under the lock)."""
+        if act is Act.STOP:
+            running.reasons.append(str(msg.get("reason")))
+        elif act is Act.FORWARD:
+            running.preempt.append(str(msg.get("reason")))
+        elif act is Act.HAND_OVER:
+            running.reassign.append(msg)  # the program goes on in a new world
+        elif act is Act.LET_GO:
+            running.go.append(msg["round"])
+        elif act is Act.ANSWER and running.monitor is not None:
+            doings = {str(r): d for r, d in running.monitor.doings().items()}
+            try:
+                ch.send(type=protocol.STATE, round=running.number, ranks=doings)
+            except OSError:
+                pass  # the scheduler is gone; the lost connection ends the round
+        elif act is Act.LATER:
+            self._queue.put(msg)
+        elif act is Act.ABANDON:
+            running.reasons.append("lost the connection to the scheduler")
+            self._queue.put(None)
+
+    def decide(self, msg: dict | None) -> Act:
+        """The main thread's decision about a word taken from :meth:`next`; enters its phase.
+
+        START's phase, RUNNING, begins only when the program's round is routed
+        here (:meth:`running`): until then the reading thread keeps deciding
+        nothing and queues what comes.
+        """
         with self._lock:
+            act, after = decide(self.phase, word_of(msg))
+            if act is not Act.START:
+                self.phase = after
+            return act
+
+    def running(self, round_: _Running | None) -> None:
+        """Route the messages of ``round_`` to it (RUNNING); ``None``: its program ended
+        (EXITED: REPORTING)."""
+        with self._lock:
+            if (round_ is None) == (self.phase in PROGRAM_PHASES):
+                word = Word.EXITED if round_ is None else Word.ASSIGN
+                _, self.phase = decide(self.phase, word)
             self._round = round_
 
     def news(self) -> tuple[list[int], list[dict]]:
@@ -314,21 +344,21 @@ def _register(
         _refused(where, str(exc))
     if silence_s is not None:  # the scheduler may wait long for the others: say we are here
         ch.keep_alive(silence_s)
+    why = "connection closed"
     try:
         msg = ch.recv()
     except OSError as exc:
-        msg = {"type": "lost", "reason": f"{type(exc).__name__}: {exc}"}
-    if msg is not None and msg.get("type") == "refused":  # our answer to its challenge
+        msg, why = None, f"{type(exc).__name__}: {exc}"
+    if msg is not None and msg.get("type") == protocol.REFUSED:  # our answer to its challenge
         _refused(where, str(msg.get("reason")))
-    if msg is None or msg.get("type") == "lost":
-        why = (msg or {}).get("reason", "connection closed")
+    if msg is None:
         raise LaunchError(
             f"{where} accepted this worker, then the connection ended before ranks were "
             f"assigned ({why}): the scheduler stopped or was stopped; see its log."
         )
-    if msg.get("type") == "abort":
+    if msg.get("type") == protocol.ABORT:
         raise LaunchError(f"the scheduler stopped the job before it started: {msg.get('reason')}")
-    if msg.get("type") not in ("assign", "done"):
+    if msg.get("type") not in (protocol.ASSIGN, protocol.DONE):
         raise LaunchError(f"unexpected message from the scheduler: {str(msg)[:200]}")
     return msg
 
@@ -346,7 +376,7 @@ def _refused(where: str, reason: str) -> NoReturn:
 
 
 def _report(ch: Channel, round_: int, code: int, detail: str, tail: list[str]) -> None:
-    _send(ch, type="exit", round=round_, code=code, detail=detail, tail=tail)
+    _send(ch, type=protocol.EXIT, round=round_, code=code, detail=detail, tail=tail)
 
 
 def _send(ch: Channel, **msg) -> None:
@@ -482,8 +512,8 @@ def _ranks(child, monitor: HeartbeatMonitor) -> list[psutil.Process]:
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What every round's run of this worker's program shares."""
+class _Worker:
+    """This worker: what every round's run of its program shares."""
 
     ch: Channel
     inbox: _Inbox
@@ -494,7 +524,7 @@ class _Job:
     out: RankOutput
 
 
-def _run_program(job: _Job, assign: dict, signals: list[str]) -> tuple[int, str]:
+def _run_program(job: _Worker, assign: dict, signals: list[str]) -> tuple[int, str]:
     """Run the program as the rank of one round, report how it ended; (its status, how)."""
     return _ProgramRun(job, assign, signals).run()
 
@@ -511,19 +541,19 @@ class _ProgramRun:
     * :meth:`_forward_signals`: this worker's signals and the scheduler's
       ``preempt`` reach the program; it returns why to stop it, if it must.
 
-    The reasons to stop are the round's (:class:`_Round`), which the inbox
+    The reasons to stop are the round's (:class:`_Running`), which the inbox
     thread fills too; only :meth:`_tick` adds to them. The ``go``s and new
     worlds the inbox keeps are taken with :meth:`_Inbox.news`, under its lock.
     """
 
-    def __init__(self, job: _Job, assign: dict, signals: list[str]):
+    def __init__(self, job: _Worker, assign: dict, signals: list[str]):
         self.job, self.assign, self.signals = job, assign, signals
         self.rank = assign["rank"]
         self.first_round = int(assign.get("round", 0))
         self.iface = ""
         self.monitor: HeartbeatMonitor | None = None
         self.elastic: _ElasticHandover | None = None
-        self.running = _Round(self.first_round, [], None)
+        self.running = _Running(self.first_round, [], None)
         self.forward = SigtermForwarding(
             config.preempt_grace(), log.warning, f"worker (rank {self.rank})"
         )
@@ -667,39 +697,15 @@ class _ProgramRun:
             processes.kill(_ranks(self.child, self.monitor) or _own(self.child.pid))
 
     # ------------------------------------------------------------ after it ended
-    def _report(self, ended, preempted: int | None) -> tuple[int, str]:
-        """Tell the scheduler how the program ended; (the worker's status for it, how)."""
-        ch, out, rank, stall = self.job.ch, self.job.out, self.rank, self.job.stall
-        round_ = self.running.number  # the last round the program ran in
-        code = ended.returncode
-        if preempted is not None:
-            code, detail = config.EXIT_PREEMPTED, f"preempted after step {preempted}"
-            log.warning("rank %d stopped after step %d for a preemption", rank, preempted)
-            _report(ch, round_, code, detail, out.tail(rank))
-            out.reset_tails()
-            return code, detail
-        if ended.stalled:
-            silent = ended.stalled[0][1]
-            detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall:g} s)"
-            code = code if code > 0 else 1
-        elif ended.stuck:
-            detail = ended.stuck
-            log.error("rank %d stopped: %s", rank, detail)
-            code = code if code > 0 else 1
-        else:
-            detail = describe_exit(code)
-        if ended.reasons and not ended.stalled:
-            log.error("rank %d stopped: %s", rank, ended.reasons[0])
-        _report(ch, round_, code, detail, out.tail(rank))
-        out.reset_tails()
-        signals = self.signals
-        if code == 0 and signals:  # this worker was told to stop: was the program's work over?
-            if not ended.reasons and self.forward.ended_after_the_end(
-                signals, _finished(self.monitor)
-            ):
-                log.info("rank %d had finished when SIGTERM came: its worker ends with 0", rank)
-                return 0, detail
-            return 1, detail
-        if code == 0:
-            return (1 if ended.reasons else 0), detail
-        return (code if code > 0 else 1), detail
+    def _report(self, ended: processes.Ended, preempted: int | None) -> tuple[int, str]:
+        """Tell the scheduler how the program ended (:func:`worker_states.verdict` decides);
+        (the worker's status for it, how)."""
+        job, rank = self.job, self.rank
+        finished_first = self.forward.ended_after_the_end(self.signals, _finished(self.monitor))
+        said = verdict(ended, preempted, rank, job.stall, self.signals, finished_first)
+        for level, line in said.notes:
+            getattr(log, level)("%s", line)
+        # the last round the program ran in
+        _report(job.ch, self.running.number, said.code, said.detail, job.out.tail(rank))
+        job.out.reset_tails()
+        return said.status, said.detail

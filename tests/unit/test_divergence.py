@@ -11,7 +11,10 @@ from hvdkit._comm import progress as _progress
 from hvdkit.errors import ConfigurationError
 from hvdkit.launch import heartbeat
 from hvdkit.launch.heartbeat import HeartbeatMonitor, RankStatus
+from hvdkit.launch.rounds import Event, Registration, Report
 from hvdkit.launch.scheduler import _exit_report
+
+REG = Registration(None, "127.0.0.1", "vm", 100, rank=0, round=1)  # whose exit it is
 
 
 # ------------------------------------------------------------------ what a rank reports
@@ -120,13 +123,13 @@ def test_a_worker_answers_describe_for_its_running_round_only(monitor):
     import socket
 
     from hvdkit.launch import protocol
-    from hvdkit.launch.worker import _Inbox, _Round
+    from hvdkit.launch.worker import _Inbox, _Running
 
     beat(monitor, 0, cc=7)
     a, b = socket.socketpair()
     sched, worker = protocol.Channel(a), protocol.Channel(b)
     inbox = _Inbox(worker)
-    running = _Round(2, [], monitor)
+    running = _Running(2, [], monitor)
     reasons = running.reasons
     inbox.running(running)
     sched.send(type="preempt", round=1, reason="old")  # an earlier round's: ignored
@@ -180,15 +183,15 @@ def test_a_malformed_state_answer_is_ignored(msg):
 def test_malformed_exit_report_is_a_failure_not_a_dead_listener(msg):
     # Before: int(msg["code"]) raised in the listener thread, which died, and
     # the scheduler waited for this worker forever.
-    rnd, code, detail, tail = _exit_report(msg)
-    assert code == -1
-    assert "malformed exit report" in detail
-    assert isinstance(tail, list)
+    report = _exit_report(REG, msg)
+    assert report.code == -1 and report.event is Event.FAILED
+    assert "malformed exit report" in report.detail
+    assert isinstance(report.tail, tuple)
 
 
 def test_well_formed_exit_report():
     msg = {"type": "exit", "code": 3, "detail": "exit code 3", "round": 1, "tail": ["a", "b"]}
-    assert _exit_report(msg) == (1, 3, "exit code 3", ["a", "b"])
+    assert _exit_report(REG, msg) == Report(REG, 1, 3, "exit code 3", ("a", "b"))
 
 
 # ------------------------------------------------------------------ the goodbye datagram

@@ -404,10 +404,11 @@ def _watch_events(sched, regs, round_, later, meet, events):
     The watch runs on a thread: a watch that never ends (the bug these
     tests are about) fails the test at a deadline instead of hanging it.
     """
+    from hvdkit.launch.rounds import Report
     from hvdkit.launch.scheduler import READY
 
     for reg, rnd, code in events:
-        sched.events.put((reg, rnd, code, "" if code == READY else f"exit code {code}", []))
+        sched.events.put(Report(reg, rnd, code, "" if code == READY else f"exit code {code}"))
     out = []
     watch = threading.Thread(
         target=lambda: out.append(sched._watch(regs, round_, later, meet)), daemon=True
@@ -730,7 +731,7 @@ def attempt_with(finished: list[bool], interrupted: list[str]) -> cli._Attempt:
     from hvdkit.launch.heartbeat import RankStatus
     from hvdkit.launch.output import RankOutput
 
-    job = cli._Job([], {}, RankOutput(), 30.0, "token", "127.0.0.1", "127.0.0.1", np=2)
+    job = cli._Launch([], {}, RankOutput(), 30.0, "token", "127.0.0.1", "127.0.0.1", np=2)
     attempt = cli._Attempt(job, interrupted)
     for rank, done in enumerate(finished):
         attempt.monitor.ranks[rank] = RankStatus(100 + rank, "h", float(rank), finished=done)

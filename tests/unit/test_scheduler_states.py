@@ -1,18 +1,24 @@
 """The scheduler's round as a state machine (hvdkit.launch.rounds), without processes.
 
 Every row of the transition table is walked: a round is put in the row's phase
-with fake workers, the row's event is fed to it, and the test checks the phase
-it leaves, the messages each worker was sent and the round's result.
+with fake workers, the row's event is fed to its handler, which must only decide
+(no message sent, no phase set: it returns an Action), the executor applies the
+action, and the test checks the phase it leaves, the messages each worker was
+sent and the round's result.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import pathlib
 import queue
+import threading
 
 import pytest
 
 from hvdkit import config
-from hvdkit.launch import rounds
+from hvdkit.launch import rounds, worker_states
 from hvdkit.launch.rounds import LOST, SILENT, TRANSITIONS, Event, Phase, Registration, Round
 
 FINISHED, READY, RESUMED = rounds.FINISHED, rounds.READY, rounds.RESUMED
@@ -22,10 +28,13 @@ J, M, T, G, E = Phase.JOINING, Phase.MEETING, Phase.TRAINING, Phase.GRACE, Phase
 class Wire:
     """A worker's end of the scheduler's channel: what the scheduler sent it."""
 
+    sealed = False  # while a handler decides: nothing may be sent
+
     def __init__(self):
         self.sent: list[dict] = []
 
     def send(self, **msg):
+        assert not Wire.sealed, f"a handler sent {msg} itself; its Action should carry it"
         self.sent.append(msg)
 
     def close(self):
@@ -82,7 +91,15 @@ def feed(rnd: Round, event: Event, reg=None, round_=None, code=None, detail="") 
         )
         report = rounds.Report(reg, round_, code, detail)
         assert report.event is event
-    rnd.handle(event, report)
+    arg = rnd.take_newcomers() if event is Event.NEWCOMER else report
+    if report is None or rnd.concerns(event, report):
+        Wire.sealed = True
+        try:
+            act = TRANSITIONS[row][0](rnd, arg)  # the decision alone
+        finally:
+            Wire.sealed = False
+        assert isinstance(act, rounds.Action) and rnd.phase is row[0], (row, act)
+        rnd.apply(act)
     assert rnd.phase in TRANSITIONS[row][1], (row, rnd.phase)
     walked.add(row)
     return rnd.phase
@@ -398,8 +415,8 @@ def case_grace_silent():
 
 def case_grace_grace_over():
     rnd, (a, b, c) = grace()
-    rnd.job.events.put((a, 7, 1, "exit code 1", []))  # the told ranks' reports come
-    rnd.job.events.put((b, 7, 1, "exit code 1", []))
+    rnd.job.events.put(rounds.Report(a, 7, 1, "exit code 1"))  # the told ranks' reports come
+    rnd.job.events.put(rounds.Report(b, 7, 1, "exit code 1"))
     assert feed(rnd, Event.GRACE_OVER) is E
     assert (rnd.result.culprit, rnd.result.detail) == (2, "exit code 1")
     reason = "rank 2 failed: exit code 1"
@@ -486,18 +503,53 @@ def test_the_docstring_table_is_the_one_the_code_uses():
     assert listed == coded
 
 
+def _is_self_attr(node, attr: str) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == attr
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
+
+
+def test_only_the_executor_sends_waits_and_sets_the_phase():
+    # the handlers decide (an Action); Round.apply is the one place that carries it out
+    tree = ast.parse(inspect.getsource(rounds))
+    where: dict[str, list[str]] = {"send": [], "phase": [], "wait": []}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr == "send":
+                    where["send"].append(fn.name)
+                blocks = any(k.arg == "timeout" for k in node.keywords)  # a queue's get
+                if node.func.attr in ("wait_for_the_rest", "sleep") or blocks:
+                    where["wait"].append(f"{fn.name}:{node.func.attr}")
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                if any(_is_self_attr(n, "phase") for n in names):
+                    where["phase"].append(fn.name)
+    assert where["send"] == ["send", "apply"]  # Registration.send, and the executor
+    assert where["phase"] == ["__init__", "apply"]
+    assert sorted(where["wait"]) == sorted(
+        ["next_event:get", "apply:wait_for_the_rest", "wait_for_the_rest:get"]
+    ), where["wait"]
+
+
 def test_a_round_runs_from_the_queue_to_its_result():
     """run(): reports come from the job's queue; a round whose ranks all reported ends."""
     job = FakeJob(elastic=False)
     a, b = workers(3, 3)
     for reg, rnd, code in [(a, 2, 1), (b, 3, FINISHED), (a, 3, 0), (b, 3, 0)]:
-        job.events.put((reg, rnd, code, "exit code 1" if code == 1 else "", []))
+        job.events.put(rounds.Report(reg, rnd, code, "exit code 1" if code == 1 else ""))
     result = Round(job, [a, b], 3, {}, meet=False).run()  # a's report of round 2: dropped
     assert (result.culprit, result.preempted, result.survivors) == (None, "", None)
     job = FakeJob(elastic=False)
     a, b = workers(3, 3)
     b.gone = True  # lost before its listener saw the round: a LOST report is made for it
-    job.events.put((a, 3, 0, "", []))
+    job.events.put(rounds.Report(a, 3, 0))
     result = Round(job, [a, b], 3, {}, meet=False).run()
     assert result.cause == "rank 1 lost its worker (pid 101 on vm 127.0.0.1) without an exit report"
 
@@ -540,7 +592,7 @@ def test_only_whole_job_restarts_use_the_budget_and_each_round_says_its_kind(cap
     def start_rendezvous(layout, hosts):
         round_ = len(sched.round_sizes)
         for reg, rnd, code in script[round_]:
-            sched.events.put((reg, rnd, code, "exit code 1" if code == 1 else "", []))
+            sched.events.put(rounds.Report(reg, rnd, code, "exit code 1" if code == 1 else ""))
         return FakeServer(), 4000 + round_
 
     sched._start_rendezvous = start_rendezvous
@@ -566,3 +618,231 @@ def test_only_whole_job_restarts_use_the_budget_and_each_round_says_its_kind(cap
     assert (sched.budget.restarts, b.returns) == (1, 1)
     assert sched.budget.causes == ["rank 0 exit code 1"]
     assert [m["type"] for m in sent(b)][-1] == "done"  # left out, told how the job ended
+
+
+# ------------------------------------------------------------------ the worker's table
+
+WP, WORD, ACT = worker_states.WorkerPhase, worker_states.Word, worker_states.Act
+ROUND = 2  # the running program's round
+
+
+class Pipe:
+    """The scheduler's side of a worker's channel: a message is taken when the inbox
+    asks for the next one, so ``feed`` returns once the message before was handled."""
+
+    def __init__(self):
+        self.inbox: queue.Queue = queue.Queue()
+        self.asked = threading.Semaphore(0)
+        self.sent: list[dict] = []
+
+    def recv(self):
+        self.asked.release()
+        return self.inbox.get()
+
+    def send(self, **msg):
+        self.sent.append(msg)
+
+    def feed(self, msg) -> None:
+        self.inbox.put(msg)
+        assert self.asked.acquire(timeout=120), "the inbox never asked for the next message"
+
+
+class FakeMonitor:
+    def doings(self):
+        return {0: "waits in allreduce"}
+
+
+MESSAGES = {
+    WORD.ASSIGN: {"type": "assign", "round": 3, "rank": 0},
+    WORD.NEW_WORLD: {"type": "assign", "round": 3, "rank": 0, "inplace": True},
+    WORD.GO: {"type": "go", "round": ROUND},
+    WORD.ABORT: {"type": "abort", "round": ROUND, "reason": "rank 1 failed"},
+    WORD.PREEMPT: {"type": "preempt", "round": ROUND, "reason": "SIGTERM"},
+    WORD.DESCRIBE: {"type": "describe", "round": ROUND},
+    WORD.DONE: {"type": "done", "code": 0},
+    WORD.LOST: None,
+}
+
+
+def inbox_in(phase):
+    """A worker's inbox in ``phase``, its pipe, and the running round (None when idle)."""
+    from hvdkit.launch.worker import _Inbox, _Running
+
+    pipe = Pipe()
+    inbox = _Inbox(pipe)
+    assert pipe.asked.acquire(timeout=120)  # the reading thread waits for a first message
+    running = _Running(ROUND, [], FakeMonitor())
+    if phase is not WP.REGISTERING:
+        inbox.running(running)
+    if phase is WP.HANDING_OVER:
+        pipe.feed(MESSAGES[WORD.NEW_WORLD])
+        assert inbox.news() == ([], [MESSAGES[WORD.NEW_WORLD]])
+        running.number = ROUND  # (news made it the new world's)
+    if phase is WP.REPORTING:
+        inbox.running(None)
+    assert inbox.phase is phase
+    return inbox, pipe, running
+
+
+@pytest.mark.parametrize(
+    "row", list(worker_states.TRANSITIONS), ids=lambda r: f"{r[0].name}-{r[1].name}"
+)
+def test_each_row_of_the_workers_table(row):
+    phase, word = row
+    act, after = worker_states.TRANSITIONS[row]
+    inbox, pipe, running = inbox_in(phase)
+    msg = MESSAGES.get(word)
+    if word is WORD.EXITED:
+        inbox.running(None)  # the executor's EXITED: the program ended
+    elif phase in worker_states.PROGRAM_PHASES:  # the reading thread decides and acts
+        if msg is None:
+            pipe.inbox.put(None)  # the connection ends: the thread ends too
+            assert inbox.next() is None
+        else:
+            pipe.feed(msg)
+    else:  # the main thread decides; the reading thread queues only what it acts on
+        if msg is not None:
+            pipe.feed(msg)
+            queued = [] if pipe.inbox.empty() and inbox._queue.empty() else [inbox.next()]
+            assert queued == ([] if act is ACT.DROP else [msg]), (row, queued)
+        assert inbox.decide(msg) is act
+        if act is ACT.START:  # the executor starts the program: its round is routed here
+            inbox.running(running)
+    assert inbox.phase is after, (row, inbox.phase)
+    effects = {
+        "reasons": running.reasons,
+        "preempt": running.preempt,
+        "reassign": running.reassign,
+        "go": running.go,
+        "sent": pipe.sent,
+    }
+    expected = {
+        ACT.STOP: {"reasons": ["rank 1 failed"]},
+        ACT.FORWARD: {"preempt": ["SIGTERM"]},
+        ACT.HAND_OVER: {"reassign": [msg]},
+        ACT.LET_GO: {"go": [ROUND]},
+        ACT.ANSWER: {
+            "sent": [{"type": "state", "round": ROUND, "ranks": {"0": "waits in allreduce"}}]
+        },
+        ACT.ABANDON: {"reasons": ["lost the connection to the scheduler"]},
+    }.get(act, {})
+    assert {k: v for k, v in effects.items() if v} == expected, row
+    if act is ACT.LATER:
+        assert inbox.next() == msg
+
+
+@pytest.mark.parametrize("word", [WORD.ABORT, WORD.PREEMPT, WORD.DESCRIBE])
+def test_a_word_about_another_round_is_dropped_while_a_program_runs(word):
+    inbox, pipe, running = inbox_in(WP.RUNNING)
+    pipe.feed({**MESSAGES[word], "round": ROUND - 1})
+    assert (running.reasons, running.preempt, pipe.sent) == ([], [], [])
+    assert inbox.phase is WP.RUNNING and inbox._queue.empty()
+    assert worker_states.decide(WP.RUNNING, word, current=False) == (ACT.DROP, WP.RUNNING)
+
+
+def test_the_workers_docstring_table_is_the_one_the_code_uses():
+    listed = {}
+    for line in worker_states.__doc__.splitlines():
+        words = line.split()
+        acts = [i for i, w in enumerate(words) if w in ACT.__members__]
+        if not words or words[0] not in WP.__members__ or not acts:
+            continue
+        at = acts[0]
+        for name in words[1:at]:
+            listed[(WP[words[0]], WORD[name])] = (ACT[words[at]], WP[words[at + 1]])
+    assert listed == worker_states.TRANSITIONS
+
+
+STALLED = "stalled: no heartbeat for 31 s (stall timeout 30 s)"
+STUCK = "stuck: ranks wait apart"
+ANSWER = {"type": "state", "round": ROUND, "ranks": {"0": "waits in allreduce"}}
+
+
+def _ended(code=0, stalled=(), stuck="", reasons=()):
+    from hvdkit.launch.processes import Ended
+
+    return Ended(code, list(stalled), stuck=stuck, reasons=list(reasons))
+
+
+@pytest.mark.parametrize(
+    "ended, preempted, signals, finished_first, want",
+    [
+        (_ended(0), None, [], False, (0, "exit code 0", 0)),
+        (_ended(3), None, [], False, (3, "exit code 3", 3)),
+        (_ended(-9), None, [], False, (-9, "killed by signal 9 (SIGKILL)", 1)),
+        (_ended(0, reasons=["abort"]), None, [], False, (0, "exit code 0", 1)),
+        (_ended(0), 40, ["SIGTERM"], False, (75, "preempted after step 40", 75)),
+        (_ended(0, stalled=[(0, 31.2)]), None, [], False, (1, STALLED, 1)),
+        (
+            _ended(-15, stuck="stuck: ranks wait apart"),
+            None,
+            [],
+            False,
+            (1, "stuck: ranks wait apart", 1),
+        ),
+        (_ended(0), None, ["SIGTERM"], True, (0, "exit code 0", 0)),
+        (_ended(0), None, ["SIGTERM"], False, (0, "exit code 0", 1)),
+        (_ended(0, reasons=["x"]), None, ["SIGTERM"], True, (0, "exit code 0", 1)),
+    ],
+)
+def test_the_verdict_on_a_run_of_the_program(ended, preempted, signals, finished_first, want):
+    # what the worker reports (code, detail) and its own status: a pure function
+    said = worker_states.verdict(ended, preempted, 1, 30.0, signals, finished_first)
+    assert (said.code, said.detail, said.status) == want
+
+
+def _kind_literals(tree) -> list[tuple[int, str]]:
+    """String literals used as a message's kind: ``type="x"``, ``{"type": "x"}``,
+    ``msg.get("type") == "x"`` (or ``in ("x", ...)``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "type":
+            found.append(node.value)
+        elif isinstance(node, ast.Dict):
+            found += [v for k, v in zip(node.keys, node.values, strict=True) if _is_str(k, "type")]
+        elif isinstance(node, ast.Compare) and _gets_type(node.left):
+            for other in node.comparators:
+                found += (
+                    other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
+                )
+    return [(n.lineno, n.value) for n in found if _is_str(n)]
+
+
+def _is_str(node, value=None) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and value in (None, node.value)
+    )
+
+
+def _gets_type(node) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and bool(node.args)
+        and _is_str(node.args[0], "type")
+    )
+
+
+def test_message_kinds_are_named_once_in_protocol():
+    # the launcher's modules write no message kind as a string: protocol.py names them
+    from hvdkit.launch import protocol
+
+    launch = pathlib.Path(protocol.__file__).parent
+    found = [
+        f"{path.name}:{line}: {kind!r}"
+        for path in sorted(launch.glob("*.py"))
+        if path.name != "protocol.py"
+        for line, kind in _kind_literals(ast.parse(path.read_text()))
+    ]
+    assert found == [], found
+    # the checker itself sees the forms it looks for
+    sample = 'ch.send(type="abort")\nm.get("type") in ("go", "done")\nx = {"type": "exit"}'
+    assert sorted(k for _, k in _kind_literals(ast.parse(sample))) == [
+        "abort",
+        "done",
+        "exit",
+        "go",
+    ]
