@@ -16,7 +16,10 @@ Where the check sits, from Keras 3's own paths (``keras/src/``):
   updates through the optimizer it holds, inside :func:`updates.reducing`;
 * Keras offers no hook there: callbacks exist in ``fit`` only and run after
   the step (a custom loop has none), and ``Optimizer`` has no registry of
-  listeners. So :func:`install` (at ``hvdkit.init()``) wraps the public
+  listeners. A callback hvdkit installs would miss custom loops and the
+  optimizers a ``train_step`` holds (a GAN's two); comparing the weights at the
+  end of ``fit`` would cost a collective and come after the whole run. So
+  :func:`install` (at ``hvdkit.init()``) wraps the public
   ``keras.optimizers.Optimizer.apply`` once for the process, as
   ``keras/callbacks.py`` wraps ``BackupAndRestore.on_train_begin``;
 * inside a ``tf.function`` the wrapper runs once, while the step is traced:
@@ -73,7 +76,8 @@ logger = logging.getLogger("hvdkit")
 _SHOWN = 4  # variables named in the message
 _keras_apply = None  # Keras's own Optimizer.apply, once wrapped
 _warned: dict[int, weakref.ref] = {}  # optimizers already named on rank 0
-_eager_seen: dict[int, int] = {}  # id(optimizer) -> eager collectives completed at its last update
+# id(optimizer) -> (weak reference, eager collectives completed at its last update)
+_eager_seen: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def install() -> None:
@@ -131,9 +135,9 @@ def _checked(optimizer, grads: list, variables: list | None) -> list:
         return grads
     if tf.executing_eagerly():
         done = _progress.completed_eagerly()
-        before = _eager_seen.get(id(optimizer))
-        _eager_seen[id(optimizer)] = done
-        if before is None or done != before:  # a collective in between: cannot tell
+        ref, before = _eager_seen.get(id(optimizer), (None, None))
+        _eager_seen[id(optimizer)] = (weakref.ref(optimizer), done)
+        if ref is None or ref() is not optimizer or done != before:  # first, or a collective
             return grads
         unreduced = [v for _, v in pairs]
     else:
