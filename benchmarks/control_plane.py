@@ -73,6 +73,7 @@ class SimWorker:
     def __init__(self, index: int, source: str, port: int, silence_s: float):
         self.index, self.source, self.port, self.silence_s = index, source, port, silence_s
         self.got: list[tuple[float, str, int]] = []
+        self.assigns: list[dict] = []  # every assignment, as received
         self.said: Counter = Counter()
         self.ch: protocol.Channel | None = None
         self.round = -1
@@ -127,6 +128,7 @@ class SimWorker:
         with self._lock:
             self.got.append((time.monotonic(), kind, rnd if isinstance(rnd, int) else -1))
         if kind == "assign":
+            self.assigns.append(msg)
             self.round = int(msg["round"])
             if msg.get("inplace"):  # its program is ready to meet the new world at once
                 self._send(type=protocol.READY, round=self.round)
