@@ -290,11 +290,12 @@ class SlurmEnvironment:
         if raw is None:
             return
         if raw.strip() != str(self.size):
+            var = config.named(config.WORKER_NUM)  # MS_WORKER_NUM, if that is the one set
             raise ConfigurationError(
-                f"{config.WORKER_NUM}={raw!r} but srun started {self.size} tasks "
+                f"{var}={raw!r} but srun started {self.size} tasks "
                 f"({STEP_NUM_TASKS}={self.size}). Under srun every task is a worker: set "
                 f"'#SBATCH --ntasks={raw.strip()}' (or srun -n {raw.strip()}), or unset "
-                f"{config.WORKER_NUM}."
+                f"{var}."
             )
 
 

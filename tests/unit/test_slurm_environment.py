@@ -126,6 +126,10 @@ def test_worker_num_must_match_the_task_count(monkeypatch):
         "every task is a worker: set '#SBATCH --ntasks=3' (or srun -n 3), or unset "
         "HVDKIT_WORKER_NUM."
     )
+    monkeypatch.delenv(config.WORKER_NUM)
+    monkeypatch.setenv("MS_WORKER_NUM", "3")  # MindSpore's name: the message names it
+    with pytest.raises(ConfigurationError, match=r"^MS_WORKER_NUM='3' .*or unset MS_WORKER_NUM\.$"):
+        env.check_worker_num()
 
 
 def test_a_task_without_slurms_numbers_is_refused():
