@@ -265,3 +265,16 @@ def test_no_class_is_longer_than_max_class_lines():
     assert not long, f"classes over {MAX_CLASS_LINES} lines; split them by job:\n" + "\n".join(long)
     # the checker itself: it measures whole classes
     assert 100 < lengths["fault/checkpoint.py:Checkpointer"] <= MAX_CLASS_LINES
+
+
+def test_the_elastic_folder_has_one_reader():
+    # HVDKIT_ELASTIC_DIR (where a worker and its rank meet) is read by _comm.meeting only;
+    # every other module asks it (shared_folder, enabled)
+    readers = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and any(isinstance(a, ast.Attribute) and a.attr == "ELASTIC_DIR" for a in node.args)
+    )
+    assert [r.split(":")[0] for r in readers] == ["_comm/meeting.py"], readers
