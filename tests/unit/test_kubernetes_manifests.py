@@ -2,8 +2,9 @@
 
 They have NOT run on a Kubernetes cluster. The MPIJob is validated against a
 hand-written subset of the MPI Operator's v2beta1 schema (``MPIJOB`` below), the
-plain Jobs' pod templates against the same pod subset; the other tests catch a
-field that drifted from the launch scripts and settings the manifests name.
+plain Service and Jobs against a subset of Kubernetes' own (``SERVICE``, ``JOB``);
+broken copies show that each check refuses what it should. The other tests catch
+a field that drifted from the launch scripts and settings the manifests name.
 """
 
 from __future__ import annotations
@@ -86,12 +87,27 @@ POD_TEMPLATE = closed(
     metadata=closed(name=STRING, labels=STRING_MAP, annotations=STRING_MAP),
     spec=closed(
         ("containers",),
-        # validation.go: at least one container per replica
+        # validation.go: at least one container per replica (as Kubernetes asks of a pod)
         containers={"type": "array", "items": CONTAINER, "minItems": 1},
-        restartPolicy=STRING,
+        restartPolicy={"enum": ["Always", "OnFailure", "Never"]},  # core/v1 RestartPolicy
         terminationGracePeriodSeconds=INT64,
     ),
 )
+DNS_LABEL = {"type": "string", "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
+
+
+def resource(api_version: str, kind: str, name: dict, spec: dict) -> dict:
+    """A whole object: its apiVersion, kind, metadata (``name`` for its name) and spec."""
+    metadata = closed(
+        ("name",), name=name, namespace=STRING, labels=STRING_MAP, annotations=STRING_MAP
+    )
+    return closed(
+        ("apiVersion", "kind", "metadata", "spec"),
+        apiVersion={"const": api_version},
+        kind={"const": kind},
+        metadata=metadata,
+        spec=spec,
+    )
 
 
 def replica(replicas: dict, required: tuple[str, ...] = ()) -> dict:
@@ -101,20 +117,13 @@ def replica(replicas: dict, required: tuple[str, ...] = ()) -> dict:
     return closed(required, replicas=replicas, restartPolicy=restart, template=POD_TEMPLATE)
 
 
-MPIJOB = closed(
-    ("apiVersion", "kind", "metadata", "spec"),
-    apiVersion={"const": "kubeflow.org/v2beta1"},
-    kind={"const": "MPIJob"},
+MPIJOB = resource(
+    "kubeflow.org/v2beta1",
+    "MPIJob",
     # validation.go: "<name>-worker-<index>" must be a DNS-1035 label (checked whole in
     # test_mpijob_worker_host_names_are_dns_labels)
-    metadata=closed(
-        ("name",),
-        name={"type": "string", "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"},
-        namespace=STRING,
-        labels=STRING_MAP,
-        annotations=STRING_MAP,
-    ),
-    spec=closed(
+    DNS_LABEL,
+    closed(
         ("mpiReplicaSpecs",),  # the CRD's one required field
         slotsPerWorker=NONNEGATIVE_INT32,  # default 1
         runLauncherAsWorker=BOOL,  # default false
@@ -315,15 +324,99 @@ def test_a_broken_mpijob_fails_the_schema_where_it_is_broken(wrong, edit, error)
     assert schema_errors(job, MPIJOB) == {error}, wrong
 
 
-def test_plain_job_pod_templates_fit_the_pod_schema():
+# --- job.yaml's Service and Jobs, the same way: facts from kubernetes/api at commit
+# 10b39a39bcee (2026-07-24): core/v1/types.go (ServiceSpec, ServicePort, Protocol) and
+# batch/v1/types.go (JobSpec, CompletionMode); the non-negative counts, the port range and
+# a Service name being a DNS-1035 label are Kubernetes' validation of those types.
+SERVICE = resource(
+    "v1",
+    "Service",
+    DNS_LABEL,
+    closed(
+        type={"enum": ["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]},
+        clusterIP=STRING,  # "None": headless
+        selector=STRING_MAP,
+        ports={
+            "type": "array",
+            "items": closed(
+                ("port",),
+                name=STRING,
+                protocol={"enum": ["TCP", "UDP", "SCTP"]},
+                port={**INT32, "minimum": 1, "maximum": 65535},
+                targetPort={"anyOf": [{"type": "integer"}, STRING]},
+            ),
+        },
+    ),
+)
+JOB = resource(
+    "batch/v1",
+    "Job",
+    STRING,
+    closed(
+        ("template",),
+        parallelism=NONNEGATIVE_INT32,
+        completions=NONNEGATIVE_INT32,
+        completionMode={"enum": ["NonIndexed", "Indexed"]},
+        backoffLimit=NONNEGATIVE_INT32,
+        activeDeadlineSeconds=NONNEGATIVE_INT64,
+        ttlSecondsAfterFinished=NONNEGATIVE_INT32,
+        suspend=BOOL,
+        template=POD_TEMPLATE,
+    ),
+)
+POD = ("spec", "template", "spec")
+
+
+def test_plain_jobs_fit_kubernetes_schemas():
+    for schema in (SERVICE, JOB):
+        jsonschema.Draft202012Validator.check_schema(schema)
     service, sched, workers = load("job.yaml")
-    for job in (sched, workers):
-        assert schema_errors(job["spec"]["template"], POD_TEMPLATE) == set()
-    broken = workers["spec"]["template"]
-    broken["spec"]["containers"][0]["env"][0]["valueFrom"] = {"secretRef": {"name": "x"}}
-    assert schema_errors(broken, POD_TEMPLATE) == {
-        (("spec", "containers", 0, "env", 0, "valueFrom"), "additionalProperties")
-    }
+    assert schema_errors(service, SERVICE) == set()
+    assert schema_errors(sched, JOB) == set()
+    assert schema_errors(workers, JOB) == set()
+
+
+BROKEN_PLAIN = [
+    (
+        "misspelled Job field",
+        2,
+        lambda j: _rename(j, ("spec", "completions"), "completion"),
+        (("spec",), "additionalProperties"),
+    ),
+    (
+        "completionMode in the wrong case",
+        2,
+        lambda j: _set(j, ("spec", "completionMode"), "indexed"),
+        (("spec", "completionMode"), "enum"),
+    ),
+    (
+        "Service port a string",
+        0,
+        lambda j: _set(j, ("spec", "ports", 0, "port"), "29500"),
+        (("spec", "ports", 0, "port"), "type"),
+    ),
+    (
+        "env from a field that is not there",
+        1,
+        lambda j: _set(j, (*POD, "containers", 0, "env", 1, "valueFrom"), {"podIP": True}),
+        ((*POD, "containers", 0, "env", 1, "valueFrom"), "additionalProperties"),
+    ),
+    (
+        "pod restartPolicy not an enum value",
+        2,
+        lambda j: _set(j, (*POD, "restartPolicy"), "Sometimes"),
+        ((*POD, "restartPolicy"), "enum"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "index", "edit", "error"), BROKEN_PLAIN, ids=[b[0] for b in BROKEN_PLAIN]
+)
+def test_a_broken_plain_job_fails_the_schema_where_it_is_broken(wrong, index, edit, error):
+    document = load("job.yaml")[index]
+    edit(document)
+    assert schema_errors(document, (SERVICE, JOB, JOB)[index]) == {error}, wrong
 
 
 def _is_part(excerpt, full) -> bool:
