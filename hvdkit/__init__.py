@@ -129,7 +129,9 @@ def init(backend: str | None = None, **kwargs) -> None:
     Takes the arguments of :func:`hvdkit.runtime.init`. After the runtime is up
     it registers :class:`DistributedOptimizer` with Keras, makes Keras's
     ``BackupAndRestore`` refuse jobs of several ranks (pointing at
-    :class:`Checkpointer`) and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
+    :class:`Checkpointer`), makes a Keras optimizer that updates weights no hvdkit
+    reduction averaged say so (``HVDKIT_UNREDUCED_UPDATE``, docs/divergence.md)
+    and, under ``hvdkitrun`` or a worker, starts the heartbeat the launcher
     watches for its stall timeout (in an elastic job before Horovod starts, so
     that a rank frozen in its first start is found too).
 
