@@ -36,6 +36,13 @@ def test_hvdkitrun_check_weights_names_the_ranks_that_differ(transport, tmp_path
         assert sorted(p.name for p in shared.iterdir()) == ["rank.0.json", "rank.1.json"]
     equal = run(hvdkitrun(transport, PROG, "equal", options=("--check-weights",)), tmp_path)
     assert equal.returncode == 0 and "different trainable weights" not in equal.output
+    assert "wrote no weight fingerprint" not in equal.output
+    silent = run(hvdkitrun(transport, "-c", "pass", options=("--check-weights",)), tmp_path)
+    assert silent.returncode == 0, silent.output[-3000:]  # nothing to compare is said, not failed
+    assert (
+        "hvdkitrun: --check-weights: ranks 0, 1 of 2 wrote no weight fingerprint, so no rank "
+        "was compared: a rank writes one at exit after hvdkit.init()"
+    ) in silent.stderr
 
 
 def test_scheduler_check_weights_names_the_ranks_that_differ(tmp_path):

@@ -43,6 +43,7 @@ def path(folder: str, rank: int) -> str:
 
 def write(folder: str, rank: int, variables: list[tuple[str, float, float, float]]) -> None:
     """Write rank ``rank``'s fingerprint: ``(path, sum, weighted sum, scale)`` per variable."""
+    os.makedirs(folder, exist_ok=True)  # a host other than the launcher's has none yet
     tmp = path(folder, rank) + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"rank": rank, "variables": [list(v) for v in variables]}, f)
@@ -97,6 +98,23 @@ def scheduler_folder() -> str | None:
 def check(folder: str, size: int | None = None) -> str | None:
     """:func:`verdict` of the files in ``folder``."""
     return verdict(read(folder), size)
+
+
+def unseen(prints: dict[int, dict], size: int) -> str | None:
+    """A note on the ranks of ``0..size-1`` that left no fingerprint (``None``: all did).
+
+    Such ranks were not compared: they never called ``hvdkit.init()``, or wrote to a
+    folder of another host.
+    """
+    missing = [r for r in range(size) if r not in prints]
+    if not missing:
+        return None
+    return (
+        f"{_ranks(missing)} of {size} wrote no weight fingerprint, so "
+        f"{'no rank was' if len(missing) == size else 'only the others were'} compared: a "
+        f"rank writes one at exit after hvdkit.init(), into {config.WEIGHTS_DIR}; give jobs "
+        "on several hosts a folder they all share."
+    )
 
 
 def _equal(a: dict, b: dict) -> bool:

@@ -489,11 +489,14 @@ class _Attempt:
             )
             return 0, None
         code, cause = _outcome(ended, job.out, job.stall, self.interrupted, exited_ok)
-        folder = job.weights_dir
-        differ = fingerprints.check(folder, job.np) if folder and code == 0 else None
-        if differ:
-            job.out.launcher_line(f"hvdkitrun: {differ}")
-            return config.EXIT_WEIGHTS_DIFFER, None
+        if job.weights_dir and code == 0:
+            prints = fingerprints.read(job.weights_dir)
+            differ = fingerprints.verdict(prints, job.np)
+            if differ:
+                job.out.launcher_line(f"hvdkitrun: {differ}")
+                return config.EXIT_WEIGHTS_DIFFER, None
+            if note := fingerprints.unseen(prints, job.np):
+                job.out.launcher_line(f"hvdkitrun: --check-weights: {note}")
         return code, cause
 
     def known(self) -> list:

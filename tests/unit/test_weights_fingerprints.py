@@ -40,15 +40,24 @@ def test_verdict_names_groups_variables_and_silent_ranks():
     assert "(the ranks trained different lists of variables)" in fingerprints.verdict(other, 2)
 
 
+def test_ranks_without_a_file_are_named():
+    assert fingerprints.unseen(prints(1.0, 1.0), 2) is None
+    note = fingerprints.unseen(prints(1.0, 1.0), 4)
+    assert note.startswith("ranks 2, 3 of 4 wrote no weight fingerprint, so only the others were")
+    assert "no rank was compared" in fingerprints.unseen({}, 1)
+
+
 def test_files_round_trip_and_clear(tmp_path):
     fingerprints.write(str(tmp_path), 1, [("a/kernel", 1.0, 2.0, 3.0)])
+    fingerprints.write(str(tmp_path / "new"), 0, [])  # a folder this host lacks is made
     (tmp_path / "rank.0.json").write_text("{not json")  # an unreadable file is left out
     (tmp_path / "other.json").write_text("{}")
     assert fingerprints.read(str(tmp_path)) == {
         1: {"rank": 1, "variables": [["a/kernel", 1.0, 2.0, 3.0]]}
     }
     fingerprints.clear(str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "other.json"]
+    assert fingerprints.read(str(tmp_path / "new")) == {0: {"rank": 0, "variables": []}}
 
 
 def test_scheduler_folder_needs_a_folder(monkeypatch, tmp_path):
