@@ -256,30 +256,11 @@ class Checkpointer:
         _phases.enter("restore")
         model_vars, opt_vars = self._variables()
         variables = model_vars + opt_vars
-        root, multi = runtime.rank() == 0, runtime.size() > 1
-        failure = None
-        if root:
-            try:
-                self.wait()
-                self._writer.wait_for_others()  # another Checkpointer of this process
-            except Exception as e:  # every rank must learn of it, or the others wait
-                failure = e
+        multi = runtime.size() > 1
         self._stop.install()
-        header: dict = {"ok": True, "state": None}
-        if failure is not None:
-            header = {"ok": False, "type": "HvdkitError", "message": f"on rank 0: {failure}"}
-        elif root:
-            try:
-                found = self.directory and newest(self.directory, variables, len(model_vars))
-                if found is not None:
-                    folder, arrays, state = found
-                    for var, value in zip(variables, arrays, strict=True):
-                        var.assign(value)
-                    header = {"ok": True, "state": state, "path": str(folder)}
-            except Exception as e:  # every rank must learn of it, or the others wait
-                failure = e
-                kind = type(e).__name__ if isinstance(e, HvdkitError) else "HvdkitError"
-                header = {"ok": False, "type": kind, "message": f"on rank 0: {e}"}
+        header, failure = {"ok": True, "state": None}, None
+        if runtime.rank() == 0:
+            header, failure = self._load_on_root(variables, len(model_vars))
         if multi:
             header = collectives.broadcast_object(header, 0)
         if not header["ok"]:
@@ -298,6 +279,28 @@ class Checkpointer:
         self.restored = True
         self._tell("restore")
         return self.step
+
+    def _load_on_root(self, variables: list, models: int) -> tuple[dict, Exception | None]:
+        """Rank 0: the newest checkpoint into ``variables``; (what every rank gets, the failure).
+
+        A failure goes out in the header, so every rank raises it and none waits.
+        """
+        try:
+            self.wait()
+            self._writer.wait_for_others()  # another Checkpointer of this process
+        except Exception as e:
+            return {"ok": False, "type": "HvdkitError", "message": f"on rank 0: {e}"}, e
+        try:
+            found = self.directory and newest(self.directory, variables, models)
+            if not found:
+                return {"ok": True, "state": None}, None
+            folder, arrays, state = found
+            for var, value in zip(variables, arrays, strict=True):
+                var.assign(value)
+        except Exception as e:
+            kind = type(e).__name__ if isinstance(e, HvdkitError) else "HvdkitError"
+            return {"ok": False, "type": kind, "message": f"on rank 0: {e}"}, e
+        return {"ok": True, "state": state, "path": str(folder)}, None
 
     # ------------------------------------------------------------ state, for hvdkit.elastic
     def variables(self) -> list:
