@@ -11,16 +11,12 @@ Its phases and what it does with each word it gets are a table,
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import random
-import shutil
 import signal
 import socket
-import stat
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,9 +25,9 @@ from typing import NoReturn
 import psutil
 
 from .. import _compat, _phases, config
-from .._comm import meeting as _meeting
 from ..errors import LaunchError
 from . import processes, protocol
+from .handover import ElasticHandover
 from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_timeout
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
@@ -386,103 +382,6 @@ def _send(ch: Channel, **msg) -> None:
         pass  # the scheduler is gone; it has its own account of this rank
 
 
-class _ElasticHandover:
-    """Where a worker leaves its running program's next assignment (``HVDKIT_ELASTIC_DIR``).
-
-    In an elastic job (``HVDKIT_ELASTIC=1`` on the scheduler) a rank whose
-    peer died leaves Horovod, waits for ``assign.json`` here (written
-    atomically, mode 600 in a mode-700 folder), and joins the new world
-    in-process (:mod:`hvdkit.elastic`). Horovod's Gloo timeout is shortened
-    (``config.ELASTIC_GLOO_TIMEOUT_S`` unless already set): it bounds a wait
-    on a silent peer where the scheduler's word cannot end it, and
-    ``hvd.init``'s connect.
-    """
-
-    PREFIX = "hvdkit-elastic-"  # then this worker's pid, "-", and mkdtemp's letters
-
-    def __init__(self, assign: dict, env: dict[str, str]):
-        _remove_folders_of_dead_workers(tempfile.gettempdir(), self.PREFIX)
-        self.folder = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")  # mode 700
-        env[config.ELASTIC_DIR] = self.folder
-        if assign.get("join"):  # our program joins running survivors: it meets them first
-            env[config.ELASTIC_JOIN] = "1"
-        env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
-        self._first_rank = assign["rank"]
-        self._said_ready = -1
-        self._said_resumed = -1
-        self.finished: int | None = None  # the round our program finished training in
-
-    def newly_resumed(self) -> tuple[int, int] | None:
-        """``(round, step)`` our program (rank 0) newly trains again from, or None."""
-        said = _meeting.read_resumed(self.folder)
-        if said is None or said[0] <= self._said_resumed:
-            return None
-        self._said_resumed = said[0]
-        return said
-
-    def newly_ready(self) -> int | None:
-        """The round our program is newly ready to start Horovod in (it said so), or None."""
-        round_ = _meeting.read_round(self.folder, _meeting.READY)
-        if round_ is None or round_ <= self._said_ready:
-            return None
-        self._said_ready = round_
-        return round_
-
-    def newly_finished(self) -> int | None:
-        """The round our program finished training in, when it newly says so; else None."""
-        if self.finished is not None:
-            return None
-        self.finished = _meeting.read_round(self.folder, _meeting.FINISHED)
-        return self.finished
-
-    def go(self, round_: int) -> None:
-        """Every rank of ``round_`` is ready: our program may start Horovod."""
-        _meeting.write(self.folder, _meeting.GO, str(round_))
-
-    def hand_over(self, assign: dict, horovod: dict[str, str]) -> None:
-        log.warning(
-            "rank %d goes on in-process as rank %d of %d (round %d)",
-            self._first_rank,
-            assign["rank"],
-            assign["size"],
-            assign["round"],
-        )
-        body = json.dumps(
-            {"round": int(assign["round"]), "env": horovod, "lost": bool(assign.get("lost"))}
-        )
-        _meeting.write(self.folder, _meeting.ASSIGN, body)
-
-    def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _remove_folders_of_dead_workers(parent: str, prefix: str) -> None:
-    """Remove the ``parent/<prefix><pid>-*`` folders of this user whose worker is gone.
-
-    A worker removes its hand-over folder when its program ends; a worker
-    killed with SIGKILL cannot, so the next worker on the machine does. A
-    folder is kept while a process with its pid exists (a reused pid keeps it
-    until that process ends too); symlinks and other users' entries are left.
-    """
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        pid = name[len(prefix) :].split("-", 1)[0]
-        if not pid.isdigit() or psutil.pid_exists(int(pid)):
-            continue
-        path = os.path.join(parent, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode):  # a symlink is not
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def _finished(monitor: HeartbeatMonitor) -> bool:
     """Whether the program's ranks have all said they finished (their heartbeat's bye)."""
     statuses = list(monitor.ranks.values())
@@ -552,7 +451,7 @@ class _ProgramRun:
         self.first_round = int(assign.get("round", 0))
         self.iface = ""
         self.monitor: HeartbeatMonitor | None = None
-        self.elastic: _ElasticHandover | None = None
+        self.elastic: ElasticHandover | None = None
         self.running = _Running(self.first_round, [], None)
         self.forward = SigtermForwarding(
             config.preempt_grace(), log.warning, f"worker (rank {self.rank})"
@@ -601,7 +500,7 @@ class _ProgramRun:
         )
         env[config.JOB_TOKEN] = job.token
         if assign.get("elastic"):
-            self.elastic = _ElasticHandover(assign, env)
+            self.elastic = ElasticHandover(assign, env)
         self.running.monitor = self.monitor
         job.inbox.running(self.running)
         return env

@@ -656,11 +656,11 @@ def test_guarded_horovodrun_reports_a_failed_rank_without_a_traceback():
 
 
 def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, monkeypatch):
-    from hvdkit.launch import worker
+    from hvdkit.launch.handover import ElasticHandover
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a worker killed with SIGKILL: its pid no longer exists
-    prefix = worker._ElasticHandover.PREFIX
+    prefix = ElasticHandover.PREFIX
     dead = tmp_path / f"{prefix}{gone.pid}-abc"
     alive = tmp_path / f"{prefix}{os.getpid()}-xyz"
     (dead / "sub").mkdir(parents=True)
@@ -674,7 +674,7 @@ def test_a_new_worker_removes_the_hand_over_folders_of_killed_workers(tmp_path, 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     env: dict[str, str] = {}
-    handover = worker._ElasticHandover({"rank": 0}, env)
+    handover = ElasticHandover({"rank": 0}, env)
     mine = os.path.basename(handover.folder)
     assert mine.startswith(f"{prefix}{os.getpid()}-")
     assert env[config.ELASTIC_DIR] == handover.folder
