@@ -10,8 +10,10 @@ scale"); here it runs in seconds and asserts no time.
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from control_plane import TOKEN, SimWorker, free_port, wait_all
 from listener_targets import wait_for
 
 from hvdkit import config
-from hvdkit.launch import protocol
+from hvdkit.launch import auth, protocol
 from hvdkit.launch.scheduler import Scheduler
 
 N, PER_HOST = 6, 2
@@ -87,3 +89,42 @@ def test_register_regroup_and_preempt_with_simulated_workers():
             if w.ch is not None:
                 w.ch.close()
         wait_for(lambda: not runner.is_alive(), 30)
+
+
+def _secured_pair() -> tuple[protocol.Channel, protocol.Channel]:
+    a, b = socket.socketpair()
+    one, two = protocol.Channel(a), protocol.Channel(b)
+    s, w = auth.channel_keys(TOKEN, config.SCHEDULER), auth.channel_keys(TOKEN, config.WORKER)
+    one.secure(s.send, s.receive, "session")
+    two.secure(w.send, w.receive, "session")
+    return one, two
+
+
+def test_one_thread_sends_every_channels_keep_alives_and_skips_a_peer_that_reads_nothing():
+    """Keep-alives of many channels come from one thread; a full send buffer is not waited on."""
+    pairs = [_secured_pair() for _ in range(20)]
+    stuck, stuck_peer = _secured_pair()
+    stuck.sock.setblocking(False)  # its peer reads nothing: fill what the kernel holds
+    try:
+        while True:
+            stuck.sock.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    stuck.sock.setblocking(True)
+    every = 0.013  # an interval no other test uses: the thread below is this test's
+    try:
+        for ours, _ in pairs:
+            ours.keep_alive(60.0, every_s=every)
+        stuck.keep_alive(60.0, every_s=every)
+        assert wait_for(lambda: all(ours._sent >= 3 for ours, _ in pairs), WAIT_S)
+        assert stuck._sent == 0  # skipped each time, so the others were never held up
+        name = f"hvdkit-keepalive-{every:g}s"
+        assert [t.name for t in threading.enumerate() if t.name == name] == [name]
+        ours, theirs = pairs[0]
+        ours.send(type="done", code=0)
+        assert theirs.recv(time.monotonic() + WAIT_S) == {"type": "done", "code": 0}
+        assert theirs.dropped == 0  # every keep-alive before it was authentic and skipped
+    finally:
+        for ours, theirs in [*pairs, (stuck, stuck_peer)]:
+            ours.close()
+            theirs.close()
