@@ -84,7 +84,8 @@ def install() -> None:
     """Wrap ``keras.optimizers.Optimizer.apply`` with the check (once per process).
 
     With ``HVDKIT_WEIGHTS_DIR`` set (by ``hvdkitrun --check-weights``) the
-    rank also writes its weights' fingerprint there at a clean exit.
+    rank also writes its weights' fingerprint there at exit (the launcher compares
+    them only when the job ended 0).
     """
     global _keras_apply
     if _keras_apply is not None:
