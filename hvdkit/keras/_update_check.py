@@ -66,6 +66,7 @@ import keras
 import tensorflow as tf
 
 from .. import _same_start, config, runtime
+from .._autograph import not_converted
 from .._comm import fingerprints as _fingerprints
 from .._comm import progress as _progress
 from .._comm import updates
@@ -94,6 +95,7 @@ def install() -> None:
     _keras_apply = cls.apply
 
     @functools.wraps(_keras_apply)
+    @not_converted  # a user's tf.function leaves it (and Keras's apply behind it) as it is
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if trainable_variables is not None:

@@ -383,6 +383,15 @@ with c.check("error_setting_raises_on_every_rank"):
         else:
             raise AssertionError("fit trained with a plain optimizer under =error")
         assert spread(m) == 0.0  # stopped before the first update
+        # a custom step in a tf.function: AutoGraph re-raises the error of a trace as its
+        # StagingError (a TensorFlow class) with hvdkit's class and message in the text
+        traced = keras.optimizers.SGD(0.1, name="traced_sgd")
+        try:
+            plain_steps(model(seed=221), traced, 1)
+        except Exception as e:  # StagingError: not public
+            assert "ConfigurationError: hvdkit: the Keras optimizer SGD 'traced_sgd'" in str(e)
+        else:
+            raise AssertionError("a traced custom step trained with a plain optimizer")
         os.environ["HVDKIT_UNREDUCED_UPDATE"] = "bogus"
         Checks.expect_errors(
             [
