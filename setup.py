@@ -69,6 +69,7 @@ setup(
         "ray": ["ray>=2.9"],
         "test": [
             "pyspark==4.3.0",  # tests/test_spark.py's cluster (needs Java 17)
+            "pyarrow",  # the ranks read a DataFrame's Parquet files (docs/spark.md)
             "ray==2.60.0",  # tests/test_ray.py's cluster
             "pytest>=8",
             "pytest-xdist>=3.5",

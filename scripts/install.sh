@@ -100,7 +100,7 @@ if ! "$PY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TF_VER
 fi
 
 # --- 4. hvdkit itself (it no longer requires Horovod: pip never builds one) ---
-if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff, pyspark, ray" 2>/dev/null \
+if ! "$PY" -c "import hvdkit, pytest, xdist, hypothesis, sklearn, ruff, pyspark, ray, pyarrow" 2>/dev/null \
    || [[ "$REPO/setup.py" -nt "$VENV/.hvdkit-installed" ]]; then
     log "installing hvdkit (editable) with test extras"
     "${PIP[@]}" --no-build-isolation -e "$REPO[test]"

@@ -395,6 +395,8 @@ SLOW_FILES_FIRST = (
     "test_divergence_mp.py",  # 328 s
     "test_phases_mp.py",  # 272 s, one test
     "test_examples_mp.py",  # 221 s
+    "test_ray.py",  # 160-190 s: a Ray cluster and one driver script (this session's runs)
+    "test_spark.py",  # 130-160 s: a Spark cluster and one spark-submit
     "test_slurm.py",  # 189 s
     "test_keras_workflows_mp.py",  # 184 s
     "test_sink_mp.py",  # 167 s

@@ -106,8 +106,8 @@ class RayCluster:
                 raise RuntimeError(f"{n} Ray nodes not up in {timeout} s:\n{self.report()}")
             time.sleep(1)
 
-    def driver(self, argv: list[str], log: str) -> subprocess.Popen:
-        env = dict(self.env(), RAY_ADDRESS=self.address)
+    def driver(self, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
+        env = dict(self.env(), RAY_ADDRESS=self.address, **(env or {}))
         return self.hosts.popen("n1", [sys.executable, *argv], env, log)
 
     def report(self) -> str:

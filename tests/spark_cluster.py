@@ -122,6 +122,26 @@ class SparkCluster:
             f"worker-{node}.log",
         )
 
+    def submit(self, script: str, args: list[str], log) -> subprocess.Popen:
+        """``spark-submit`` ``script`` to this cluster from this machine (the driver's host)."""
+        gateway = self.hosts.gateway
+        conf = {
+            "spark.driver.host": gateway,
+            "spark.driver.bindAddress": gateway,
+            "spark.ui.enabled": "false",
+            "spark.executor.memory": "2g",
+        }
+        cmd = [os.path.join(self.spark_home, "bin", "spark-submit"), "--master", self.master_url]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return subprocess.Popen(
+            [*cmd, script, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=os.path.dirname(script),
+            env=self.env(None),
+        )
+
     def alive_workers(self) -> int:
         url = f"http://{self.hosts.gateway}:{self.ui_port}/json/"
         try:

@@ -9,11 +9,16 @@ one fact of what the driver saw.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 
 import numpy as np
 import pytest
 import ray_cluster
+
+from hvdkit import config
 
 from conftest import MULTIPROC
 
@@ -22,6 +27,7 @@ pytestmark = pytest.mark.skipif(
     reason=f"NOT TESTED: hvdkit.ray on a Ray cluster: {ray_cluster.missing()}",
 )
 DRIVER_TIMEOUT_S = 900
+STALL_S = 8  # the driver's stall timeout: a frozen rank ends its attempt after it
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +35,22 @@ def seen():
     with ray_cluster.RayCluster() as cluster:
         result = cluster.hosts.root / "result.json"
         driver = cluster.driver(
-            [str(MULTIPROC / "ray_driver.py"), str(cluster.shared), str(result)], "driver.log"
+            [str(MULTIPROC / "ray_driver.py"), str(cluster.shared), str(result)],
+            "driver.log",
+            {config.STALL_TIMEOUT: str(STALL_S)},
         )
         holding = cluster.shared / "killed" / "holding"
-        lost_at = None
+        frozen = cluster.shared / "frozen" / "holding"
+        lost_at = stopped = None
         deadline = time.monotonic() + DRIVER_TIMEOUT_S
         try:
             while driver.poll() is None and time.monotonic() < deadline:
                 if holding.exists() and lost_at is None:
                     cluster.hosts.kill_host("n2")
                     lost_at = time.monotonic()
+                if frozen.exists() and stopped is None:
+                    stopped = int(frozen.read_text().split()[1])
+                    os.kill(stopped, signal.SIGSTOP)  # its actor: killed by the driver
                 time.sleep(0.2)
         finally:
             if driver.poll() is None:
@@ -48,6 +60,7 @@ def seen():
         yield dict(
             got=got,
             lost=lost_at is not None,
+            frozen=stopped,
             output=cluster.hosts.log("driver.log"),
             code=driver.returncode,
         )
@@ -74,6 +87,7 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "whole_batch_1",
         "uninterrupted",
         "killed",
+        "frozen",
         "executor",
         "too_many",
         "bad_cpus",
@@ -99,14 +113,26 @@ def test_two_ranks_spread_over_two_nodes_reach_the_demo_accuracy(seen):
 
 
 def test_a_lost_node_ends_with_the_uninterrupted_weights_on_the_survivor(seen):
-    assert seen["lost"], "node n2 was never killed (no 'holding' marker)"
+    assert seen["lost"], (
+        "node n2 was never killed (no 'holding' marker: no rank of the first attempt ran on n2?)"
+    )
     plain, resumed = value(seen, "uninterrupted"), value(seen, "killed")
     assert resumed[0]["resumed_from"] >= 5, resumed
     assert [r["host"] for r in resumed] == ["n1", "n1"]  # both on the node left
     assert [(r["local_rank"], r["local_size"]) for r in resumed] == [(0, 2), (1, 2)]
     assert [r["step"] for r in resumed] == [r["step"] for r in plain]
     assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
-    assert seen["output"].count("hvdkit.ray: attempt 1 lost a rank") == 1
+    assert "hvdkit.ray: attempt 1 lost a rank (rank " in seen["output"]
+
+
+def test_a_frozen_rank_ends_its_attempt_at_the_stall_timeout_and_the_job_resumes(seen):
+    assert seen["frozen"], "no rank was frozen (no 'holding' marker)"
+    plain, resumed = value(seen, "uninterrupted"), value(seen, "frozen")
+    assert resumed[0]["resumed_from"] >= 5, resumed
+    assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
+    said = rf"rank 1 sent no heartbeat for \d+ s \(the stall timeout is {STALL_S} s, "
+    assert re.search(said + "HVDKIT_STALL_TIMEOUT", seen["output"]), seen["output"][-3000:]
+    assert seen["output"].count("hvdkit.ray: attempt 1 lost a rank") == 2  # killed, frozen
 
 
 def test_ray_executor_keeps_its_world_across_runs(seen):

@@ -1,16 +1,14 @@
 """hvdkit.spark.run on a real two-node Spark standalone cluster (tests/spark_cluster.py).
 
-One driver script (tests/multiproc/spark_driver.py) runs every case in one
-Spark application; the test kills the executor of node n2 when the second
-training run holds at its checkpoint, and each test below asserts one fact
-of what the driver saw.
+One driver script (tests/multiproc/spark_driver.py), submitted with
+spark-submit as a user would, runs every case in one Spark application; the
+test kills the executor of node n2 when the second training run holds at its
+checkpoint, and each test below asserts one fact of what the driver saw.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -31,18 +29,8 @@ def seen():
     with spark_cluster.SparkCluster() as cluster:
         result = cluster.hosts.root / "result.json"
         log = open(cluster.hosts.root / "driver.log", "wb")
-        driver = subprocess.Popen(
-            [
-                sys.executable,
-                str(MULTIPROC / "spark_driver.py"),
-                cluster.master_url,
-                cluster.hosts.gateway,
-                str(cluster.shared),
-                str(result),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=MULTIPROC,
+        driver = cluster.submit(
+            str(MULTIPROC / "spark_driver.py"), [str(cluster.shared), str(result)], log
         )
         holding = cluster.shared / "killed" / "holding"
         killed: list[int] = []
@@ -87,6 +75,8 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "whole_batch_1",
         "uninterrupted",
         "killed",
+        "default_num_proc",
+        "dataframe",
         "too_many",
         "unpicklable",
         "fn_raises",
@@ -116,13 +106,26 @@ def test_two_ranks_on_two_nodes_reach_the_demo_accuracy(seen):
 
 
 def test_a_killed_executor_ends_with_the_uninterrupted_weights(seen):
-    assert seen["killed"], "the executor of n2 was never killed (no 'holding' marker)"
+    assert seen["killed"], (
+        "the executor of n2 was never killed "
+        "(no 'holding' marker: no rank of the first attempt ran on n2?)"
+    )
     plain = value(seen, "uninterrupted")
     resumed = value(seen, "killed")
     assert resumed[0]["resumed_from"] >= 5, resumed  # a second attempt, from a checkpoint
     assert [r["step"] for r in resumed] == [r["step"] for r in plain]
     assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
     assert "hvdkit.spark: attempt 1 lost a rank" in seen["output"]
+
+
+def test_num_proc_defaults_to_the_clusters_parallelism(seen):
+    assert value(seen, "default_num_proc") == [7, 7]  # two workers of one core
+
+
+def test_each_rank_reads_its_own_files_of_a_dataframe(seen):
+    (files0, ids0), (files1, ids1) = value(seen, "dataframe")
+    assert files0 == files1 == 4
+    assert len(ids0) + len(ids1) == 40 and sorted(ids0 + ids1) == list(range(40))
 
 
 def test_num_proc_above_the_slots_names_them_within_seconds(seen):

@@ -40,6 +40,16 @@ def kind_of(exc: BaseException) -> str:
     return FN_ERROR
 
 
+def summary(text: str) -> str:
+    """The line of a traceback that says what was raised (``Class: message``), shortened."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head and " " not in head and head[0].isalpha() and line != head:
+            return line[:300]
+    return (lines[-1] if lines else "")[:300]
+
+
 def main(argv: list[str]) -> int:
     from ..launch.processes import die_with_parent
 

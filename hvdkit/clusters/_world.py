@@ -25,6 +25,9 @@ from .. import _compat
 from ..errors import ConfigurationError
 
 POLL_S = 0.2
+# Rank 0's rendezvous is up before the others look for it: a host that cannot reach it
+# within this long cannot reach it at all (a firewall, an address of another network).
+REACH_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -119,12 +122,16 @@ def serve(address: str, port: int, allowed: set[str], world: Sequence[Place]):
     return server, port
 
 
-def local_address_towards(address: str, port: int, timeout_s: float, describe: str) -> str:
+def local_address_towards(
+    address: str, port: int, timeout_s: float, describe: str, *, where: str = "", setting: str = ""
+) -> str:
     """This host's address on the way to ``address:port``, once something listens there.
 
     Raises:
-        ConfigurationError: nothing answered within ``timeout_s``; ``describe``
-            ends the message (what to check, and the fix).
+        ConfigurationError: nothing answered within ``timeout_s``. The message
+            names the rendezvous (``where``, else ``at address:port``), the
+            variable that sets the wait (``setting``) and ends with
+            ``describe`` (what to check, and the fix).
     """
     deadline = time.monotonic() + timeout_s
     last = None
@@ -135,11 +142,30 @@ def local_address_towards(address: str, port: int, timeout_s: float, describe: s
         except OSError as exc:
             last = exc
         if time.monotonic() > deadline:
+            said = f"{setting}; {last}" if setting else str(last)
             raise ConfigurationError(
-                f"rank 0's Gloo rendezvous at {address}:{port} did not answer within "
-                f"{timeout_s:g} s ({last}). {describe}"
+                f"rank 0's Gloo rendezvous {where or f'at {address}:{port}'} did not answer "
+                f"within {timeout_s:g} s ({said}). {describe}"
             )
         time.sleep(POLL_S)
+
+
+def check_reachable(hosts: Sequence[str], addresses: Sequence[str], fix: str) -> None:
+    """Refuse a world on several machines in which a rank's host is a loopback address.
+
+    Raises:
+        ConfigurationError: names the host and ``fix``.
+    """
+    import ipaddress
+
+    if len(set(addresses)) < 2:
+        return
+    for host, address in zip(hosts, addresses, strict=True):
+        if ipaddress.ip_address(address).is_loopback:
+            raise ConfigurationError(
+                f"a rank runs on {host!r} ({address}), a loopback address, while the others "
+                "run on other machines: they could not reach it over Gloo. " + fix
+            )
 
 
 def resolve(host: str, what: str, fix: str) -> str:
@@ -150,3 +176,53 @@ def resolve(host: str, what: str, fix: str) -> str:
         raise ConfigurationError(
             f"cannot resolve {what} to an address ({exc}). Gloo's ranks meet there; {fix}"
         ) from None
+
+
+class StallWatch:
+    """The driver's ear on the ranks: hvdkit's heartbeats, and which ranks fell silent.
+
+    Every rank sends a heartbeat a second from ``hvdkit.init()`` on
+    (:mod:`hvdkit.launch.heartbeat`, signed with a token made here); a rank
+    frozen (SIGSTOP, a lost machine that closed nothing) falls silent, and
+    after ``HVDKIT_STALL_TIMEOUT`` (120 s) the driver ends the attempt instead
+    of waiting for ever. :meth:`env` is what the ranks need. One per attempt:
+    the last attempt's ranks are no stall.
+    """
+
+    def __init__(self, host: str):
+        import secrets
+
+        from ..launch.heartbeat import HeartbeatMonitor, stall_timeout
+
+        self.host = host
+        self.stall_s = stall_timeout()
+        self._token = secrets.token_hex(16)
+        self._monitor = HeartbeatMonitor(self._token, bind_host=host)
+
+    def env(self) -> dict[str, str]:
+        from .. import config
+        from ..launch.heartbeat import horovod_stall_env, monitor_addr
+
+        m = self._monitor
+        return {
+            config.MONITOR_ADDR: monitor_addr(self.host, m.port, m.receiver),
+            config.JOB_TOKEN: self._token,
+            **horovod_stall_env(self.stall_s),
+        }
+
+    def silent(self) -> str | None:
+        """Which ranks have been silent past the stall timeout, as a sentence; None if none."""
+        silent = self._monitor.silent_ranks(self.stall_s)
+        if not silent:
+            return None
+        from .. import config
+
+        ranks = ", ".join(f"rank {r}" for r, _ in silent)
+        longest = max(s for _, s in silent)
+        return (
+            f"{ranks} sent no heartbeat for {longest:.0f} s (the stall timeout is "
+            f"{self.stall_s:g} s, {config.named(config.STALL_TIMEOUT)})"
+        )
+
+    def close(self) -> None:
+        self._monitor.close()

@@ -8,7 +8,8 @@ rendezvous (:mod:`hvdkit.clusters._world`) and each actor runs ``fn`` with
 Horovod's Gloo variables set, so ``hvdkit.init()`` inside ``fn`` gives
 ``size() == num_workers`` and local ranks per node.
 
-Faults: a lost actor or node ends the attempt. The driver stops every actor
+Faults: a lost actor or node ends the attempt, and so does a rank that sent
+no heartbeat for ``HVDKIT_STALL_TIMEOUT`` (a frozen process; 120 s). The driver stops every actor
 of the attempt at once (it does not wait for Gloo to time out), frees the
 placement group and, up to ``max_restarts`` times, starts the ranks again
 on whatever nodes are left; ``fn`` resumes from its ``hvdkit.Checkpointer``
@@ -52,6 +53,10 @@ __all__ = ["RayExecutor", "run"]
 log = logging.getLogger("hvdkit.ray")
 
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
+_NODE_FIX = (
+    "The nodes must reach each other at the addresses Ray knows them by "
+    "(ray start --node-ip-address)."
+)
 
 
 def run(
@@ -178,6 +183,7 @@ class RayExecutor:
         self.strategy = placement_strategy
         self._pg = None
         self._actors: list = []
+        self._watch: _world.StallWatch | None = None
 
     def start(self) -> None:
         """Reserve the bundles, start one actor per rank and have them meet."""
@@ -210,11 +216,16 @@ class RayExecutor:
             for i in range(self.num_workers)
         ]
         hosts = self._get([a.host.remote() for a in self._actors])
+        addresses = [_world.resolve(h, f"node {h}", _NODE_FIX) for h in hosts]
+        _world.check_reachable(hosts, addresses, _NODE_FIX)
         world = _world.places(hosts)
+        self._watch = _world.StallWatch(ray.util.get_node_ip_address())
         port = self._get([self._actors[0].serve.remote(hosts[0], sorted(set(hosts)), world)])[0]
         self._get(
             [
-                a.join.remote(world[i], hosts[0], port, self.timeout_s, self.env, len(set(hosts)))
+                a.join.remote(
+                    world[i], hosts[0], port, self.env | self._watch.env(), len(set(hosts))
+                )
                 for i, a in enumerate(self._actors)
             ]
         )
@@ -229,7 +240,12 @@ class RayExecutor:
         results: dict[int, Any] = {}
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            if not done:
+                silent = self._watch.silent() if self._watch is not None else None
+                if silent:
+                    raise _RankLost(silent)
+                continue
             rank = rank_of[done[0]]
             try:
                 out = ray.get(done[0])
@@ -238,13 +254,16 @@ class RayExecutor:
             if out[0] == _call.OK:
                 results[rank] = out[1]
             elif out[1] == _call.LOST_PEER:
-                raise _RankLost(f"rank {rank} lost a peer: {out[2].strip().splitlines()[-1]}")
+                raise _RankLost(f"rank {rank} lost a peer: {_call.summary(out[2])}")
             else:
                 raise LaunchError(f"hvdkit.ray.run: fn raised on rank {rank}:\n{out[2]}")
         return [results[r] for r in range(len(refs))]
 
     def shutdown(self) -> None:
         """Stop every actor at once and free the placement group."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         if not self._actors and self._pg is None:
             return
         ray = _ray()
@@ -255,12 +274,7 @@ class RayExecutor:
                 pass
         self._actors = []
         if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            try:
-                remove_placement_group(self._pg)
-            except Exception:  # the cluster is going away
-                pass
+            _remove_and_wait(ray, self._pg)
             self._pg = None
 
     def _check_resources(self, ray) -> None:
@@ -308,13 +322,9 @@ class _Rank:
         self._server, port = _world.serve(address, 0, set(allowed), world)
         return port
 
-    def join(self, place, address: str, port: int, timeout_s: float, env: dict, hosts: int):
+    def join(self, place, address: str, port: int, env: dict, hosts: int):
         mine = _world.local_address_towards(
-            address,
-            port,
-            timeout_s,
-            "It runs in rank 0's actor; the nodes must reach each other at the addresses Ray "
-            "knows them by (ray start --node-ip-address).",
+            address, port, _world.REACH_TIMEOUT_S, f"It runs in rank 0's actor. {_NODE_FIX}"
         )
         os.environ.update(_world.horovod_env(place, address, port, mine, hosts=hosts))
         os.environ.update(env)
@@ -327,6 +337,33 @@ class _Rank:
 
 
 # ------------------------------------------------------------------ checks
+REMOVE_WAIT_S = 30.0
+
+
+def _remove_and_wait(ray, pg) -> None:
+    """Remove the placement group and wait until Ray has (its bundles are free again).
+
+    Ray removes it asynchronously: a ``run`` that started at once could find
+    the last run's CPUs still held and be placed otherwise (``SPREAD`` packing
+    what it would have spread), so each run starts on a cluster as it was.
+    """
+    import time
+
+    from ray.util import placement_group_table
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        remove_placement_group(pg)
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while placement_group_table(pg).get("state") != "REMOVED":
+            if time.monotonic() > deadline:
+                log.warning("hvdkit.ray: placement group %s not removed yet", pg.id.hex())
+                return
+            time.sleep(0.1)
+    except Exception as exc:  # the cluster is going away
+        log.debug("hvdkit.ray: removing the placement group: %s", exc)
+
+
 def _ray():
     try:
         import ray

@@ -416,10 +416,11 @@ def gloo_env(slurm: SlurmEnvironment, timeout_s: float) -> dict[str, str]:
         address,
         port,
         timeout_s,
-        f"It runs on {host}, the step's first node ({config.SCHED_TIMEOUT} sets the wait). "
         "Rank 0 may have failed (see its output), or the nodes cannot reach each other on "
         f"that port: use MPI ('#SBATCH --mpi=pmix'), or set {config.RENDEZVOUS_PORT} to a "
         "port that is open.",
+        where=f"on {host} ({address}:{port})",
+        setting=config.SCHED_TIMEOUT,
     )
     place = _world.Place(
         rank=slurm.rank,

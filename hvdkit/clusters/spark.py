@@ -320,6 +320,7 @@ class _TaskSpec:
     executable: str | None
     verbose: int
     job: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    watch_env: dict[str, str] = field(default_factory=dict)  # the attempt's heartbeat receiver
 
 
 class _StageLost(Exception):
@@ -327,22 +328,52 @@ class _StageLost(Exception):
 
 
 def _one_stage(sc, spec: _TaskSpec, num_proc: int, relay: _Relay) -> list:
+    """One barrier job; ``fn``'s values by rank. A rank silent past the stall timeout ends it.
+
+    Raises:
+        _StageLost: an executor or rank was lost, or a rank fell silent: run it again.
+        LaunchError: ``fn`` (or a rank's set-up) raised: no retry would help.
+    """
     spec.job = uuid.uuid4().hex[:12]
     relay.errors.clear()
+    watch = _world.StallWatch(relay.host)
+    spec.watch_env = watch.env()
+    group = f"hvdkit-{spec.job}"
     rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(_TaskRunner(spec))
+    done: dict[str, Any] = {}
+
+    def collect() -> None:
+        sc.setJobGroup(group, "hvdkit.spark.run", interruptOnCancel=True)
+        try:
+            done["pairs"] = rdd.collect()
+        except Exception as exc:  # py4j's Py4JJavaError: the stage's first failure
+            done["error"] = exc
+
+    job = threading.Thread(target=collect, name="hvdkit-spark-job", daemon=True)
+    job.start()
+    silent = None
     try:
-        pairs = rdd.collect()
-    except Exception as exc:  # py4j's Py4JJavaError: the stage's first failure
-        text = str(exc)
+        while job.is_alive():
+            job.join(SLOT_POLL_S)
+            silent = silent or watch.silent()
+            if silent and job.is_alive():
+                sc.cancelJobGroup(group)
+                job.join()
+    finally:
+        watch.close()
+    if silent:
+        raise _StageLost(silent)
+    if "error" in done:
+        text = str(done["error"])
         reported = sorted(relay.errors.items())
         fn_errors = {r: trace for r, (kind, trace) in reported if kind == _call.FN_ERROR}
         if fn_errors or RANK_ERROR in text:
             rank, trace = next(iter(fn_errors.items()), (None, _between(text, RANK_ERROR)))
             raise LaunchError(
                 f"hvdkit.spark.run: fn raised on rank {rank if rank is not None else '?'}:\n{trace}"
-            ) from None
-        raise _StageLost(_first_line(text)) from None
-    return [value for _, value in sorted(pairs, key=lambda p: p[0])]
+            )
+        raise _StageLost(_first_line(text))
+    return [value for _, value in sorted(done["pairs"], key=lambda p: p[0])]
 
 
 def _between(text: str, marker: str) -> str:
@@ -376,7 +407,7 @@ class _TaskRunner:
         if kind == _call.FN_ERROR:
             raise RuntimeError(f"rank {rank}: {RANK_ERROR}\n{value}\n{RANK_ERROR}")
         if kind != _call.OK:
-            raise RuntimeError(f"rank {rank} lost a peer: {value.strip().splitlines()[-1]}")
+            raise RuntimeError(f"rank {rank} lost a peer: {_call.summary(value)}")
         return [(rank, value)]
 
     def _rank(self, ctx, rank: int) -> tuple[str, Any]:
@@ -388,6 +419,7 @@ class _TaskRunner:
             "with (set SPARK_LOCAL_IP on the workers, or spark.driver.host for local mode)."
         )
         addresses = [_world.resolve(h, f"executor host {h}", fix) for h in hosts]
+        _world.check_reachable(hosts, addresses, fix)
         server, port = None, 0
         if rank == 0:
             try:
@@ -399,11 +431,15 @@ class _TaskRunner:
         port = int(ctx.allGather(str(port))[0])
         try:
             mine = _world.local_address_towards(
-                addresses[0], port, spec.timeout_s, f"It runs in the executor on {hosts[0]}. {fix}"
+                addresses[0],
+                port,
+                min(spec.timeout_s, _world.REACH_TIMEOUT_S),
+                f"It runs in the executor on {hosts[0]}. {fix}",
             )
             env = dict(os.environ)
             hvd = _world.horovod_env(world[rank], addresses[0], port, mine, hosts=len(set(hosts)))
             env.update(hvd)
+            env.update(spec.watch_env)
             env.update(spec.env)
             out = _run_rank(spec, rank, env)
             ctx.barrier()  # rank 0's rendezvous serves until every rank is done

@@ -2,11 +2,12 @@
 
 ``train`` is the main job's MLP on scikit-learn's digits with
 ``hvdkit.Checkpointer``: it resumes exactly after a lost node. ``hold_at``
-makes the first attempt of rank ``size - 1`` stop at that step, once its
-checkpoint is on disk, and write ``<ckpt>/holding`` (the test then kills that
-rank's node: an ordering, not a sleep). ``whole_batch`` trains on fixed
-global batches, each rank on its half: 2 ranks must end with the weights of
-1 process on the whole batch.
+makes the first attempt of rank ``size - 1`` (or of the rank on host
+``hold_on``) stop at that step, once its checkpoint is on disk, and write
+``<ckpt>/holding`` with the step and its pid (the test then kills that rank's
+node, or freezes the rank: an ordering, not a sleep). ``whole_batch`` trains
+on fixed global batches, each rank on its half: 2 ranks must end with the
+weights of 1 process on the whole batch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def fingerprint(model) -> str:
     return hashlib.sha256(weights.tobytes()).hexdigest()[:16]
 
 
-def train(ckpt: str, epochs: int = 6, every: int = 5, hold_at: int | None = None) -> dict:
+def train(
+    ckpt: str, epochs: int = 6, every: int = 5, hold_at: int | None = None, hold_on: str = ""
+) -> dict:
     import os
     import time
 
@@ -66,13 +69,20 @@ def train(ckpt: str, epochs: int = 6, every: int = 5, hold_at: int | None = None
     saver = hvdkit.Checkpointer(ckpt, model=model, sampler=sampler, every_steps=every)
     resumed = saver.restore()
     holding = os.path.join(ckpt, "holding")
-    hold = hold_at is not None and resumed == 0 and rank == size - 1
+    # the rank that holds: the last one, or (hold_on) the one on that host
+    mine = os.uname().nodename == hold_on if hold_on else rank == size - 1
+    hold = hold_at is not None and resumed == 0 and mine
+
+    first_step_at = []  # the time of this attempt's first step (benchmarks/cluster_recovery.py)
 
     def maybe_hold(batch, logs):
+        if not first_step_at:
+            first_step_at.append(time.time())
         if hold and saver.step >= hold_at:
             saver.wait()  # this rank's part of the checkpoint is on disk
-            with open(holding, "w") as f:
-                f.write(str(saver.step))
+            with open(holding + ".tmp", "w") as f:
+                f.write(f"{saver.step} {os.getpid()}")
+            os.replace(holding + ".tmp", holding)  # the test reads it whole
             while True:  # the test kills this rank's node now
                 time.sleep(0.1)
 
@@ -101,6 +111,7 @@ def train(ckpt: str, epochs: int = 6, every: int = 5, hold_at: int | None = None
         step=saver.step,
         accuracy=float(accuracy),
         fingerprint=fingerprint(model),
+        first_step_at=first_step_at[0] if first_step_at else None,
     )
 
 
@@ -119,3 +130,18 @@ def whole_batch(steps: int = 20, batch: int = 64) -> list:
     hvdkit.callbacks.BroadcastGlobalVariablesCallback(0)
     model.fit(x[take], y[take], batch_size=per, epochs=1, shuffle=False, verbose=0)
     return [w.tolist() for w in model.get_weights()]
+
+
+def parquet_rows(path: str) -> list:
+    """docs/spark.md's pattern: this rank's files of a DataFrame written as Parquet."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    import hvdkit
+
+    hvdkit.init()
+    files = sorted(glob.glob(f"{path}/part-*.parquet"))
+    mine = hvdkit.data.shard_indices(len(files), hvdkit.size(), hvdkit.rank())
+    table = pq.read_table([files[i] for i in mine])  # this rank's rows
+    return [len(files), sorted(table["id"].to_pylist())]

@@ -3,8 +3,9 @@
     python ray_driver.py SHARED_DIR RESULT_JSON
 
 Every case in one connection to the cluster: 2 ranks against 1 on the whole
-batch, the main job uninterrupted and with node n2 lost (the test kills it
-when ``<shared>/killed/holding`` appears), RayExecutor's start/run/run/
+batch, the main job uninterrupted, with node n2 lost (the test kills it
+when ``<shared>/killed/holding`` appears) and with a rank frozen (SIGSTOP at
+``<shared>/frozen/holding``; the test sets a short stall timeout), RayExecutor's start/run/run/
 shutdown, and the bad inputs. Writes what it saw to RESULT_JSON.
 """
 
@@ -51,6 +52,16 @@ record(
     lambda: hvdkit.ray.run(
         cluster_train.train,
         args=(os.path.join(shared, "killed"),),
+        kwargs=dict(hold_at=12, hold_on="n2"),
+        num_workers=2,
+    ),
+)
+
+record(
+    "frozen",
+    lambda: hvdkit.ray.run(
+        cluster_train.train,
+        args=(os.path.join(shared, "frozen"),),
         kwargs=dict(hold_at=12),
         num_workers=2,
     ),

@@ -1,6 +1,6 @@
-"""A Spark driver script, as a user writes one: tests/test_spark.py runs it against its cluster.
+"""A Spark driver script, as a user writes one: tests/test_spark.py submits it to its cluster.
 
-    python spark_driver.py MASTER_URL DRIVER_HOST SHARED_DIR RESULT_JSON
+    spark-submit --master spark://... --conf spark.driver.host=... spark_driver.py SHARED RESULT
 
 Runs every check the test file asserts in one Spark application (a JVM and
 the executors start once): ``run`` right after the session is built, 2
@@ -23,18 +23,10 @@ from pyspark.sql import SparkSession
 
 import hvdkit.spark
 
-master, driver_host, shared, result_path = sys.argv[1:5]
+shared, result_path = sys.argv[1:3]
 # the executors cannot import this folder's modules: send the functions themselves
 cloudpickle.register_pickle_by_value(cluster_train)
-spark = (
-    SparkSession.builder.master(master)
-    .appName("hvdkit-test")
-    .config("spark.driver.host", driver_host)
-    .config("spark.driver.bindAddress", driver_host)
-    .config("spark.ui.enabled", "false")
-    .config("spark.executor.memory", "2g")
-    .getOrCreate()
-)
+spark = SparkSession.builder.appName("hvdkit-test").getOrCreate()
 out: dict = {}
 
 
@@ -63,9 +55,15 @@ record(
     lambda: hvdkit.spark.run(
         cluster_train.train,
         args=(os.path.join(shared, "killed"),),
-        kwargs=dict(hold_at=12),
+        kwargs=dict(hold_at=12, hold_on="n2"),
         num_proc=2,
     ),
+)
+record("default_num_proc", lambda: hvdkit.spark.run(lambda: __import__("hvdkit").init() or 7))
+parquet = os.path.join(shared, "train.parquet")
+spark.range(40).repartition(4).write.parquet(parquet)  # a DataFrame, written once
+record(
+    "dataframe", lambda: hvdkit.spark.run(cluster_train.parquet_rows, args=(parquet,), num_proc=2)
 )
 record("too_many", lambda: hvdkit.spark.run(cluster_train.whole_batch, num_proc=3))
 lock = threading.Lock()
