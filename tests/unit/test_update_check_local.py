@@ -31,7 +31,8 @@ def test_one_rank_is_not_warned_and_its_fingerprint_holds_the_weights(
     assert keras.optimizers.Optimizer.apply.__wrapped__ is _update_check._keras_apply
     updates.reset()
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="one")
+    # a named layer: Keras numbers unnamed ones per process (dense_4 after other tests)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense")], name="one")
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     x = np.arange(24, dtype="float32").reshape(8, 3) / 10
     model.fit(x, x[:, :2], epochs=1, batch_size=4, verbose=0)
