@@ -117,97 +117,22 @@ class Scheduler:
         self._round_no = 0  # rounds started so far, restarts and in-process recoveries alike
         self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # A rerun on the port of a job that just ended (its connections in TIME_WAIT)
-        # binds at once; a port another socket listens on is still refused (Linux).
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.sock.bind((host, port))
-        except OSError as exc:
-            self.sock.close()
-            raise LaunchError(
-                f"the scheduler cannot listen on {host}:{port}: {exc.strerror}. Another job may "
-                f"use this port: choose another {config.named(config.SCHED_PORT)} (and give it to "
-                "the workers)."
-            ) from None
-        # Every worker may connect at once (a job's start): a connection beyond the
-        # backlog is dropped by the kernel and its client tries again only after 1, 3,
-        # 7, 15, 31 s (SYN retransmits), which made 1,000 workers take 30-80 s to
-        # register with a backlog of 64 (benchmarks/control_plane.py). Linux caps it
-        # at net.core.somaxconn.
-        self.sock.listen(max(64, worker_num))
+        self.door = _Door(host, port, worker_num, token, self._registered)
         self.events: queue.Queue[Report] = queue.Queue()  # the workers' word, as rounds.Report
         # elastic: a rank's training function returned; the job takes no newcomer now
         self.finishing = False
         self.round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
-        self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
+        self.newcomers = self.door.newcomers  # registered after the first round
         # round -> rank -> what it was doing, as workers answered a DESCRIBE
         self._doings: dict[int, dict[int, str]] = {}
         self._doings_lock = threading.Lock()
-        self._closing = threading.Event()
         self.sigterm: list[str] = []  # filled by the SIGTERM handler run() installs
-        self._admission: protocol.Admission | None = None  # started by _accept_one
         self.weights_dir: str | None = None  # run(): HVDKIT_CHECK_WEIGHTS's fingerprint folder
 
-    # ------------------------------------------------------------ registration
-    def _accept_one(self, timeout: float) -> Registration | None:
-        """One authenticated registration, or None (timeout, refused, broken).
-
-        Handshakes run concurrently in :class:`protocol.Admission` (challenge,
-        MAC check, refusals logged), so a slow or hostile client never holds
-        up a real worker.
-        """
-        if self._admission is None:
-            self._admission = protocol.Admission(self.sock, self.token)
-        got = self._admission.next(timeout)
-        if got is None:
-            return None
-        ch, hello, addr = got
-        try:
-            pid = int(hello.get("pid", -1))
-        except (TypeError, ValueError):
-            pid = -1
-        reg = Registration(ch, addr[0], str(hello.get("hostname", "?"))[:200], pid)
-        ch.keep_alive(self.silence_s)
+    def _registered(self, reg: Registration) -> None:
+        """A worker passed the door: keep its channel alive and listen to it."""
+        reg.channel.keep_alive(self.silence_s)
         threading.Thread(target=self._listen, args=(reg,), daemon=True).start()
-        return reg
-
-    def _accept_registrations(self) -> list[Registration]:
-        regs: list[Registration] = []
-        deadline = time.monotonic() + self.timeout_s
-        while len(regs) < self.worker_num:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                where = ", ".join(f"{r.hostname} ({r.host}, pid {r.pid})" for r in regs) or "none"
-                for r in regs:
-                    r.send(type=protocol.ABORT, round=0, reason="not all workers arrived")
-                raise LaunchError(
-                    f"only {len(regs)} of {self.worker_num} workers registered within "
-                    f"{self.timeout_s:g} s (arrived: {where}). Start the missing workers with "
-                    f"the same {config.named(config.SCHED_HOST)}/{config.named(config.SCHED_PORT)} "
-                    f"and job token, or lower {config.named(config.WORKER_NUM)}."
-                )
-            reg = self._accept_one(min(left, 1.0))
-            if reg is None:
-                continue
-            regs.append(reg)
-            log.info(
-                "worker %d/%d registered from %s (%s, pid %d)",
-                len(regs),
-                self.worker_num,
-                reg.hostname,
-                reg.host,
-                reg.pid,
-            )
-        return regs
-
-    def _accept_newcomers(self) -> None:
-        """After the first round: workers that come to replace lost ones wait here."""
-        while not self._closing.is_set():
-            reg = self._accept_one(1.0)
-            if reg is not None:
-                log.info("worker registered from %s (%s, pid %d)", reg.hostname, reg.host, reg.pid)
-                self.newcomers.put(reg)
 
     # ------------------------------------------------------------ the job
     def run(self) -> int:
@@ -216,23 +141,22 @@ class Scheduler:
             "scheduler listening on %s:%d for %d workers", self.host, self.port, self.worker_num
         )
         try:
-            regs = self._accept_registrations()
+            regs = self.door.all_workers(self.timeout_s)
         except BaseException:
-            self.sock.close()
+            self.door.close()
             raise
         if self.budget.limit == 0 and not self.elastic:
             # A late or surplus worker is refused at once instead of waiting
             # on a socket nobody accepts from.
-            self.sock.close()
+            self.door.close()
         else:
-            threading.Thread(target=self._accept_newcomers, daemon=True).start()
+            self.door.keep_open()
         everyone = list(regs)
         try:
             with self._noting_sigterm():
                 return self._rounds(regs, everyone)
         finally:
-            self._closing.set()
-            self.sock.close()
+            self.door.close()
             for r in everyone:
                 r.channel.close()
 
@@ -546,6 +470,101 @@ class Scheduler:
             for rank, doing in ranks.items():
                 if str(rank).isdigit():
                     mine[int(rank)] = str(doing)[:300]
+
+
+class _Door:
+    """The scheduler's listening socket: the workers that register, at the start and later.
+
+    Handshakes run concurrently in :class:`protocol.Admission` (challenge, MAC
+    check, refusals logged), so a slow or hostile client never holds up a
+    real worker; each one admitted is handed to ``registered``.
+    """
+
+    def __init__(self, host: str, port: int, worker_num: int, token: str, registered):
+        self.worker_num, self.token, self.registered = worker_num, token, registered
+        self.newcomers: queue.Queue = queue.Queue()  # registered after the first round
+        self._closing = threading.Event()
+        self._admission: protocol.Admission | None = None  # started by accept_one
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A rerun on the port of a job that just ended (its connections in TIME_WAIT)
+        # binds at once; a port another socket listens on is still refused (Linux).
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise LaunchError(
+                f"the scheduler cannot listen on {host}:{port}: {exc.strerror}. Another job may "
+                f"use this port: choose another {config.named(config.SCHED_PORT)} (and give it to "
+                "the workers)."
+            ) from None
+        # Every worker may connect at once (a job's start): a connection beyond the
+        # backlog is dropped by the kernel and its client tries again only after 1, 3,
+        # 7, 15, 31 s (SYN retransmits), which made 1,000 workers take 30-80 s to
+        # register with a backlog of 64 (benchmarks/control_plane.py). Linux caps it
+        # at net.core.somaxconn.
+        self.sock.listen(max(64, worker_num))
+
+    def accept_one(self, timeout: float) -> Registration | None:
+        """One authenticated registration, or None (timeout, refused, broken)."""
+        if self._admission is None:
+            self._admission = protocol.Admission(self.sock, self.token)
+        got = self._admission.next(timeout)
+        if got is None:
+            return None
+        ch, hello, addr = got
+        try:
+            pid = int(hello.get("pid", -1))
+        except (TypeError, ValueError):
+            pid = -1
+        reg = Registration(ch, addr[0], str(hello.get("hostname", "?"))[:200], pid)
+        self.registered(reg)
+        return reg
+
+    def all_workers(self, timeout_s: float) -> list[Registration]:
+        """The job's first ``worker_num`` workers, within ``timeout_s``."""
+        regs: list[Registration] = []
+        deadline = time.monotonic() + timeout_s
+        while len(regs) < self.worker_num:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                where = ", ".join(f"{r.hostname} ({r.host}, pid {r.pid})" for r in regs) or "none"
+                for r in regs:
+                    r.send(type=protocol.ABORT, round=0, reason="not all workers arrived")
+                raise LaunchError(
+                    f"only {len(regs)} of {self.worker_num} workers registered within "
+                    f"{timeout_s:g} s (arrived: {where}). Start the missing workers with "
+                    f"the same {config.named(config.SCHED_HOST)}/{config.named(config.SCHED_PORT)} "
+                    f"and job token, or lower {config.named(config.WORKER_NUM)}."
+                )
+            reg = self.accept_one(min(left, 1.0))
+            if reg is None:
+                continue
+            regs.append(reg)
+            log.info(
+                "worker %d/%d registered from %s (%s, pid %d)",
+                len(regs),
+                self.worker_num,
+                reg.hostname,
+                reg.host,
+                reg.pid,
+            )
+        return regs
+
+    def keep_open(self) -> None:
+        """After the first round: workers that replace lost ones wait in :attr:`newcomers`."""
+        threading.Thread(target=self._newcomers, daemon=True).start()
+
+    def _newcomers(self) -> None:
+        while not self._closing.is_set():
+            reg = self.accept_one(1.0)
+            if reg is not None:
+                log.info("worker registered from %s (%s, pid %d)", reg.hostname, reg.host, reg.pid)
+                self.newcomers.put(reg)
+
+    def close(self) -> None:
+        self._closing.set()
+        self.sock.close()
 
 
 def _exit_report(reg: Registration, msg: dict) -> Report:

@@ -169,7 +169,7 @@ def test_a_malformed_state_answer_is_ignored(msg):
         sched._record_doings({"type": "state", "round": 1, "ranks": {"1": "waits in x for 3 s"}})
         assert sched._doings == {1: {1: "waits in x for 3 s"}}
     finally:
-        sched.sock.close()
+        sched.door.sock.close()
 
 
 @pytest.mark.parametrize(

@@ -362,18 +362,18 @@ def _scheduler(port: int):
 def test_a_scheduler_listens_again_on_the_port_a_finished_job_used():
     """A rerun (after a preemption, say) must not wait for TIME_WAIT to pass."""
     first = _scheduler(0)
-    port = first.sock.getsockname()[1]
+    port = first.door.sock.getsockname()[1]
     client = socket.create_connection(("127.0.0.1", port))
-    conn, _ = first.sock.accept()
+    conn, _ = first.door.sock.accept()
     conn.close()  # the scheduler closes first: its end of the connection is in TIME_WAIT
     client.close()
-    first.sock.close()
+    first.door.sock.close()
     again = _scheduler(port)
-    assert again.sock.getsockname()[1] == port
+    assert again.door.sock.getsockname()[1] == port
     # ... while a port another job listens on is still refused, naming it
     with pytest.raises(LaunchError, match=f"cannot listen on 127.0.0.1:{port}: Address already"):
         _scheduler(port)
-    again.sock.close()
+    again.door.sock.close()
 
 
 # ------------------------------------------------------- an elastic job's end (scheduler)
@@ -423,7 +423,7 @@ def _elastic_scheduler():
     from hvdkit.launch.scheduler import Scheduler
 
     sched = Scheduler("127.0.0.1", 0, 3, "token-" + "x" * 20, 60.0, min_workers=2, elastic=True)
-    sched.sock.close()
+    sched.door.sock.close()
     return sched
 
 

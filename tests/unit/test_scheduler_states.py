@@ -579,7 +579,7 @@ def test_only_whole_job_restarts_use_the_budget_and_each_round_says_its_kind(cap
         replace_timeout_s=0.0,
         elastic=True,
     )
-    sched.sock.close()
+    sched.door.sock.close()
     a, b, c = workers(-1, -1, -1)
     script = {  # round -> the reports that come in it: (worker, round, code)
         0: [(b, 0, 1)],
