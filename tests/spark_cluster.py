@@ -122,7 +122,9 @@ class SparkCluster:
             f"worker-{node}.log",
         )
 
-    def submit(self, script: str, args: list[str], log) -> subprocess.Popen:
+    def submit(
+        self, script: str, args: list[str], log, env: dict | None = None
+    ) -> subprocess.Popen:
         """``spark-submit`` ``script`` to this cluster from this machine (the driver's host)."""
         gateway = self.hosts.gateway
         conf = {
@@ -139,7 +141,7 @@ class SparkCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=os.path.dirname(script),
-            env=self.env(None),
+            env={**self.env(None), **(env or {})},
         )
 
     def alive_workers(self) -> int:

@@ -9,11 +9,16 @@ checkpoint, and each test below asserts one fact of what the driver saw.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 
 import numpy as np
 import pytest
 import spark_cluster
+
+from hvdkit import config
 
 from conftest import MULTIPROC
 
@@ -22,6 +27,7 @@ pytestmark = pytest.mark.skipif(
     reason=f"NOT TESTED: hvdkit.spark on a Spark cluster: {spark_cluster.missing()}",
 )
 DRIVER_TIMEOUT_S = 900
+STALL_S = 8  # the driver's stall timeout: a frozen rank ends its stage after it
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +36,23 @@ def seen():
         result = cluster.hosts.root / "result.json"
         log = open(cluster.hosts.root / "driver.log", "wb")
         driver = cluster.submit(
-            str(MULTIPROC / "spark_driver.py"), [str(cluster.shared), str(result)], log
+            str(MULTIPROC / "spark_driver.py"),
+            [str(cluster.shared), str(result)],
+            log,
+            {config.STALL_TIMEOUT: str(STALL_S)},
         )
         holding = cluster.shared / "killed" / "holding"
+        frozen = cluster.shared / "frozen" / "holding"
         killed: list[int] = []
+        stopped = None
         deadline = time.monotonic() + DRIVER_TIMEOUT_S
         try:
             while driver.poll() is None and time.monotonic() < deadline:
                 if holding.exists() and not killed:
                     killed = cluster.kill_executor("n2")
+                if frozen.exists() and stopped is None:
+                    stopped = int(frozen.read_text().split()[1])
+                    os.kill(stopped, signal.SIGSTOP)  # the rank's process; its task ends it
                 time.sleep(0.2)
         finally:
             if driver.poll() is None:
@@ -48,7 +62,12 @@ def seen():
         output = (cluster.hosts.root / "driver.log").read_text(errors="replace")
         got = json.loads(result.read_text()) if result.exists() else {}
         yield dict(
-            got=got, killed=killed, output=output, code=driver.returncode, report=cluster.report()
+            got=got,
+            killed=killed,
+            frozen=stopped,
+            output=output,
+            code=driver.returncode,
+            report=cluster.report(),
         )
 
 
@@ -75,6 +94,7 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "whole_batch_1",
         "uninterrupted",
         "killed",
+        "frozen",
         "default_num_proc",
         "dataframe",
         "too_many",
@@ -118,6 +138,15 @@ def test_a_killed_executor_ends_with_the_uninterrupted_weights(seen):
     assert "hvdkit.spark: attempt 1 lost a rank" in seen["output"]
 
 
+def test_a_frozen_rank_ends_its_stage_at_the_stall_timeout_and_the_job_resumes(seen):
+    assert seen["frozen"], "no rank was frozen (no 'holding' marker)"
+    plain, resumed = value(seen, "uninterrupted"), value(seen, "frozen")
+    assert resumed[0]["resumed_from"] >= 5, resumed
+    assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
+    said = rf"rank 1 sent no heartbeat for \d+ s \(the stall timeout is {STALL_S} s, "
+    assert re.search(said + "HVDKIT_STALL_TIMEOUT", seen["output"]), seen["output"][-3000:]
+
+
 def test_num_proc_defaults_to_the_clusters_parallelism(seen):
     assert value(seen, "default_num_proc") == [7, 7]  # two workers of one core
 
@@ -147,8 +176,8 @@ def test_the_functions_own_error_comes_back_with_its_traceback_and_no_retry(seen
     assert entry["type"] == "LaunchError"
     assert "fn raised on rank" in entry["error"]
     assert "ValueError: the function's own error, 42" in entry["error"]
-    # the killed run retried once; the function's own error was not retried
-    assert seen["output"].count("lost a rank") == 1, seen["output"][-3000:]
+    # the killed and the frozen runs retried once each; the function's own error was not
+    assert seen["output"].count("lost a rank") == 2, seen["output"][-3000:]
 
 
 def test_run_inside_a_task_is_refused(seen):

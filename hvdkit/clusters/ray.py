@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import config
-from ..errors import ConfigurationError, LaunchError
+from ..errors import ConfigurationError, LaunchError, NotSupportedError
 from . import _call, _world
 
 __all__ = ["RayExecutor", "run"]
@@ -70,7 +70,7 @@ def run(
     env: Mapping[str, str] | None = None,
     start_timeout: float | None = None,
     max_restarts: int = 3,
-    placement_strategy: str = "SPREAD",
+    placement_strategy: str | None = None,
     verbose: int = 1,
 ) -> list:
     """Run ``fn(*args, **kwargs)`` as ``num_workers`` ranks on the Ray cluster; results by rank.
@@ -87,7 +87,7 @@ def run(
         start_timeout: seconds to wait for the placement group and for the
             ranks to meet; ``None``: 600.
         max_restarts: attempts after a lost actor or node (default 3).
-        placement_strategy: Ray's ``SPREAD`` (default), ``STRICT_SPREAD``,
+        placement_strategy: Ray's ``SPREAD`` (the default), ``STRICT_SPREAD``,
             ``PACK`` or ``STRICT_PACK``.
         verbose: 0 prints nothing of hvdkit's own; 1 (default) its restarts.
 
@@ -146,7 +146,12 @@ class RayExecutor:
 
     The actors (one per rank) and their Gloo world live from ``start`` to
     ``shutdown``, so ``hvdkit.init()`` in a second ``run`` finds the world
-    already started. No restart here: :func:`run` restarts.
+    already started. No restart here: :func:`run` restarts. Horovod's
+    arguments, positions included: ``num_workers``, or ``num_hosts`` x
+    ``num_workers_per_host`` (one bundle per host, ``STRICT_SPREAD``);
+    ``use_current_placement_group=True`` refuses to start inside another
+    placement group (hvdkit makes its own). ``settings`` is accepted and not
+    read (hvdkit's settings are its variables).
 
     Example::
 
@@ -159,18 +164,35 @@ class RayExecutor:
     def __init__(
         self,
         settings: Any = None,
-        num_workers: int = 1,
+        num_workers: int | None = None,
+        num_hosts: int | None = None,
+        num_workers_per_host: int = 1,
         cpus_per_worker: float = 1,
         use_gpu: bool = False,
         gpus_per_worker: float | None = None,
+        use_current_placement_group: bool = True,
+        *,
         env: Mapping[str, str] | None = None,
         start_timeout: float | None = None,
-        placement_strategy: str = "SPREAD",
+        placement_strategy: str | None = None,
     ):
+        if num_hosts is not None:  # Horovod's other way: so many ranks on each of so many nodes
+            if num_workers is not None:
+                raise ConfigurationError(
+                    f"RayExecutor(num_workers={num_workers!r}, num_hosts={num_hosts!r}): give "
+                    "one of them (num_hosts goes with num_workers_per_host)."
+                )
+            _check_count("num_hosts", num_hosts, minimum=1)
+            _check_count("num_workers_per_host", num_workers_per_host, minimum=1)
+            num_workers, self.per_bundle = num_hosts * num_workers_per_host, num_workers_per_host
+        else:
+            num_workers, self.per_bundle = 1 if num_workers is None else num_workers, 1
         _check_count("num_workers", num_workers, minimum=1)
         _check_amount("cpus_per_worker", cpus_per_worker)
         if gpus_per_worker is not None:
             _check_amount("gpus_per_worker", gpus_per_worker)
+        if placement_strategy is None:  # one bundle per host must land on distinct hosts
+            placement_strategy = "STRICT_SPREAD" if num_hosts is not None else "SPREAD"
         if placement_strategy not in STRATEGIES:
             raise ConfigurationError(
                 f"placement_strategy={placement_strategy!r}: use one of {', '.join(STRATEGIES)}."
@@ -178,6 +200,7 @@ class RayExecutor:
         self.num_workers = num_workers
         self.cpus = float(cpus_per_worker)
         self.gpus = float(gpus_per_worker if gpus_per_worker is not None else use_gpu)
+        self.use_current_placement_group = use_current_placement_group
         self.env = dict(env or {})
         self.timeout_s = _start_timeout(start_timeout)
         self.strategy = placement_strategy
@@ -192,8 +215,17 @@ class RayExecutor:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = {"CPU": self.cpus} | ({"GPU": self.gpus} if self.gpus else {})
-        self._pg = placement_group([dict(bundle)] * self.num_workers, strategy=self.strategy)
+        if self.use_current_placement_group and ray.util.get_current_placement_group():
+            raise NotSupportedError(
+                "RayExecutor runs inside a placement group (a Ray Tune trial, another actor's "
+                "group) and use_current_placement_group=True, but hvdkit places its ranks in a "
+                "group of its own. Pass use_current_placement_group=False, or start it from the "
+                "driver."
+            )
+        each = self.per_bundle  # ranks per bundle: num_workers_per_host, else 1
+        bundle = {"CPU": self.cpus * each} | ({"GPU": self.gpus * each} if self.gpus else {})
+        bundles = [dict(bundle) for _ in range(self.num_workers // each)]
+        self._pg = placement_group(bundles, strategy=self.strategy)
         try:
             ray.get(self._pg.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -210,7 +242,7 @@ class RayExecutor:
                 num_cpus=self.cpus,
                 num_gpus=self.gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=i
+                    placement_group=self._pg, placement_group_bundle_index=i // each
                 ),
             ).remote()
             for i in range(self.num_workers)

@@ -4,9 +4,10 @@
 
 Runs every check the test file asserts in one Spark application (a JVM and
 the executors start once): ``run`` right after the session is built, 2
-ranks against 1 on the whole batch, the main job uninterrupted and with a
+ranks against 1 on the whole batch, the main job uninterrupted, with a
 node's executor killed (the test kills it when ``<shared>/killed/holding``
-appears), and the bad inputs. Writes what it saw to RESULT_JSON.
+appears) and with a rank frozen (SIGSTOP at ``<shared>/frozen/holding``; the
+test sets a short stall timeout), and the bad inputs. Writes what it saw to RESULT_JSON.
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ record(
         cluster_train.train,
         args=(os.path.join(shared, "killed"),),
         kwargs=dict(hold_at=12, hold_on="n2"),
+        num_proc=2,
+    ),
+)
+record(
+    "frozen",
+    lambda: hvdkit.spark.run(
+        cluster_train.train,
+        args=(os.path.join(shared, "frozen"),),
+        kwargs=dict(hold_at=12),
         num_proc=2,
     ),
 )

@@ -139,3 +139,37 @@ def test_start_timeout_defaults_to_horovods_variable_then_600(monkeypatch):
 def test_ray_arguments_are_checked_before_any_actor_starts(kwargs, named):
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(")):
         hray.RayExecutor(**kwargs)
+
+
+def test_ray_executor_takes_horovods_arguments_in_horovods_order():
+    import inspect
+
+    # horovod.ray.RayExecutor.__init__ of Horovod 0.28.1, in order
+    horovods = ["settings", "num_workers", "num_hosts", "num_workers_per_host", "cpus_per_worker"]
+    horovods += ["use_gpu", "gpus_per_worker", "use_current_placement_group"]
+    assert list(inspect.signature(hray.RayExecutor).parameters)[:8] == horovods
+
+
+def test_ray_executor_num_hosts_places_whole_hosts():
+    ex = hray.RayExecutor(None, num_hosts=2, num_workers_per_host=3)
+    assert (ex.num_workers, ex.per_bundle, ex.strategy) == (6, 3, "STRICT_SPREAD")
+    assert (hray.RayExecutor(num_workers=4).strategy, hray.RayExecutor().num_workers) == (
+        "SPREAD",
+        1,
+    )
+    with pytest.raises(ConfigurationError, match=r"num_workers=2, num_hosts=2\): give one"):
+        hray.RayExecutor(num_workers=2, num_hosts=2)
+    with pytest.raises(ConfigurationError, match="num_workers_per_host=0"):
+        hray.RayExecutor(num_hosts=2, num_workers_per_host=0)
+
+
+def test_ray_executor_inside_another_placement_group_is_refused(monkeypatch):
+    import types
+
+    fake = types.SimpleNamespace(
+        cluster_resources=lambda: {"CPU": 8.0},
+        util=types.SimpleNamespace(get_current_placement_group=lambda: object()),
+    )
+    monkeypatch.setattr(hray, "_ray", lambda: fake)
+    with pytest.raises(hray.NotSupportedError, match="use_current_placement_group=False"):
+        hray.RayExecutor(num_workers=2).start()
