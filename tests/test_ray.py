@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 
 import numpy as np
 import pytest
 import ray_cluster
+from cluster_results import assert_frozen_rank_resumed, error, value
 
 from hvdkit import config
 
@@ -66,20 +66,6 @@ def seen():
         )
 
 
-def value(seen, name):
-    entry = seen["got"].get(name)
-    assert entry is not None, f"{name} not reached; exit {seen['code']}\n{seen['output'][-4000:]}"
-    assert "value" in entry, f"{name} failed: {entry['error']}\n{seen['output'][-3000:]}"
-    return entry["value"]
-
-
-def error(seen, name):
-    entry = seen["got"].get(name)
-    assert entry is not None, f"{name} not reached\n{seen['output'][-4000:]}"
-    assert "error" in entry, f"{name} did not fail: {entry}"
-    return entry
-
-
 def test_driver_ran_every_case_and_exited_0(seen):
     assert seen["code"] == 0, seen["output"][-4000:]
     assert list(seen["got"]) == [
@@ -126,12 +112,7 @@ def test_a_lost_node_ends_with_the_uninterrupted_weights_on_the_survivor(seen):
 
 
 def test_a_frozen_rank_ends_its_attempt_at_the_stall_timeout_and_the_job_resumes(seen):
-    assert seen["frozen"], "no rank was frozen (no 'holding' marker)"
-    plain, resumed = value(seen, "uninterrupted"), value(seen, "frozen")
-    assert resumed[0]["resumed_from"] >= 5, resumed
-    assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
-    said = rf"rank 1 sent no heartbeat for \d+ s \(the stall timeout is {STALL_S} s, "
-    assert re.search(said + "HVDKIT_STALL_TIMEOUT", seen["output"]), seen["output"][-3000:]
+    assert_frozen_rank_resumed(seen, STALL_S)
     assert seen["output"].count("hvdkit.ray: attempt 1 lost a rank") == 2  # killed, frozen
 
 
