@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import config
+from .._validate import is_int, is_number
 from ..errors import ConfigurationError, LaunchError, NotSupportedError
 from . import _call, _world
 
@@ -414,14 +415,14 @@ def _free(ray) -> str:
 
 
 def _check_count(name: str, value, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ConfigurationError(
             f"hvdkit.ray: {name}={value!r}; expected a whole number >= {minimum}."
         )
 
 
 def _check_amount(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise ConfigurationError(f"hvdkit.ray: {name}={value!r}; expected a number > 0.")
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .. import config
+from .._validate import is_int, is_number
 from ..errors import ConfigurationError, LaunchError, NotSupportedError
 from . import _call, _world
 
@@ -226,7 +227,7 @@ def _spark_context():
 def _check_count(name: str, value, *, minimum: int, allow_none: bool) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ConfigurationError(
             f"hvdkit.spark.run({name}={value!r}): expected a whole number >= {minimum}"
             + (" or None" if allow_none else "")
@@ -243,7 +244,7 @@ def _start_timeout(given: float | None) -> float:
             what="seconds",
             fix="e.g. 600",
         )
-    if isinstance(given, bool) or not isinstance(given, int | float) or not given > 0:
+    if not is_number(given) or not given > 0:
         raise ConfigurationError(
             f"hvdkit.spark.run(start_timeout={given!r}): expected seconds > 0, e.g. 600."
         )
