@@ -140,3 +140,24 @@ class Hosts:
     def log(self, name: str) -> str:
         path = self.root / name
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+class Cluster:
+    """A cluster on :class:`Hosts`: ``with`` starts it, and stops it even when the start fails."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -36,7 +36,7 @@ def missing() -> str | None:
     return None
 
 
-class RayCluster:
+class RayCluster(netns_hosts.Cluster):
     def __init__(self):
         self.hosts = netns_hosts.Hosts(NODES, "hvry", 230)
         self.port = netns_hosts.free_port()
@@ -51,17 +51,6 @@ class RayCluster:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token)
         env.pop("RAY_ADDRESS", None)
         return env
-
-    def __enter__(self) -> RayCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def _node(self, node: str, *args: str) -> None:
         temp = f"/tmp/hvr{self.hosts.tag}{node}"  # short: Ray's socket paths have a limit

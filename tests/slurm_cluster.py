@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import netns_hosts
+
 from conftest import remove_netns
 
 NODES = ("n1", "n2")
@@ -95,7 +97,7 @@ def _run(*cmd: str) -> str:
     return proc.stdout
 
 
-class SlurmCluster:
+class SlurmCluster(netns_hosts.Cluster):
     """munged + slurmctld + one slurmd per node, each node in its own namespaces.
 
     Attributes:
@@ -123,17 +125,6 @@ class SlurmCluster:
         self._links: list[str] = []
 
     # ---------------------------------------------------------------- start / stop
-    def __enter__(self) -> SlurmCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self) -> None:
         self._network()
         self._write_files()

@@ -39,7 +39,7 @@ def missing() -> str | None:
     return None
 
 
-class SparkCluster:
+class SparkCluster(netns_hosts.Cluster):
     """Master + one worker per node; ``master_url`` for the driver."""
 
     def __init__(self, nodes: tuple[str, ...] = NODES, cores: int = 1):
@@ -61,17 +61,6 @@ class SparkCluster:
         env["SPARK_LOG_DIR"] = str(self.hosts.root / "logs")
         env.pop("PYSPARK_GATEWAY_PORT", None)
         return env
-
-    def __enter__(self) -> SparkCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.hosts.start()
