@@ -16,8 +16,22 @@ the server side: :class:`GuardedRendezvous` is a drop-in replacement for
   store (:data:`MAX_KEYS`, :data:`MAX_STORED_BYTES`), a read timeout per
   operation and an overall deadline per connection
   (:data:`REQUEST_DEADLINE_S`, against slow-loris clients), and at most
-  :data:`MAX_CONNECTIONS` connections at once; a failing request is logged in
-  one line and never stops the server.
+  :data:`MAX_CONNECTIONS` requests served at once (one more waits up to
+  :data:`ADMIT_WAIT_S` for a slot, then is refused); a failing request is
+  logged in one line and never stops the server.
+
+It also answers hvdkit's batched full mesh (what hvdkit's Horovod patch
+``horovod-0.28.1-gloo-batched-mesh.patch`` uses; Horovod's own server does not
+answer it, and that patch then keeps Gloo's own exchange): in a scope of ``n``
+ranks each rank PUTs one value, ``hvdkit_addrs_<rank>``, holding its host name,
+a newline and its ``n - 1`` Gloo pair addresses (one equal-sized slice per peer,
+in peer order), and then makes one long-polling GET, ``hvdkit_mesh_<rank>?size=n
+&wait_ms=W``, that the server answers once all ``n`` values are there (or
+after ``W`` ms, at most :data:`MESH_WAIT_CAP_S`): the slices meant for that rank
+(:func:`mesh_answer`). A scope then costs ``2n`` requests instead of about
+``2n²`` and polls, and each rank reads ``(n - 1)`` addresses instead of
+``(n - 1)²``. ``GET /<scope>/hvdkit_mesh`` answers :data:`MESH_PROTOCOL`: the probe
+that tells a patched rank it talks to this server.
 
 Only the launcher imports this module (it imports Horovod's runner, never
 TensorFlow).
@@ -29,7 +43,10 @@ import logging
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from urllib.parse import parse_qs, urlsplit
 
 from .. import _compat
 from . import auth
@@ -40,7 +57,16 @@ _HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
 MAX_VALUE_BYTES = 1 << 20  # Gloo stores addresses and small blobs per rank
 MAX_KEYS = 1 << 16  # keys stored at once: a few per rank
 MAX_STORED_BYTES = 1 << 28  # all values together
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 64  # requests served at once, besides the mesh reads that wait
+# A connection beyond MAX_CONNECTIONS waits this long for a slot before it is refused
+# (the next ones wait in the listen backlog meanwhile): every rank of a world sends its
+# value and its mesh read at once, and a request's slot frees within milliseconds
+# (a mesh read parks), so a burst of 1,000 is served, not refused.
+ADMIT_WAIT_S = 1.0
+# Mesh reads waiting at once (each holds a thread, not a slot of MAX_CONNECTIONS): a rank
+# waits in one scope at a time, so a world of up to this many ranks waits without refusal.
+MAX_WAITING = 4096
+MESH_WAIT_CAP_S = 10.0  # one mesh read waits at most this long (within REQUEST_DEADLINE_S)
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
 # How often the serving loop looks whether stop() was called. The scheduler stops
@@ -49,6 +75,12 @@ REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
 # (benchmarks/control_plane.py).
 STOP_POLL_S = 0.05
 FORBIDDEN = b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+# hvdkit's batched full mesh (the module's docstring): the keys and the probe's answer.
+MESH_PROBE_KEY = "hvdkit_mesh"
+MESH_PROTOCOL = b"hvdkit-mesh-1"
+ADDRESSES_KEY = "hvdkit_addrs_"  # + rank: PUT host name, "\n", n - 1 address slices
+MESH_KEY = "hvdkit_mesh_"  # + rank + "?size=n&wait_ms=W": GET the slices meant for rank
 
 # Why a request is refused: the fixed kinds the refusal log counts (never the path or size).
 NOT_OF_JOB = "not a machine of this job"
@@ -59,6 +91,7 @@ TOO_LARGE = "value too large"
 TOO_SLOW = "too slow"
 TOO_MANY = "too many connections"
 STORE_FULL = "store full"
+BAD_VALUE = "mesh value of the wrong shape"
 FAILED = "error while serving"
 REFUSAL_KINDS = (
     NOT_OF_JOB,
@@ -69,6 +102,7 @@ REFUSAL_KINDS = (
     STORE_FULL,
     TOO_SLOW,
     TOO_MANY,
+    BAD_VALUE,
     FAILED,
 )
 
@@ -92,6 +126,116 @@ class _ExactBody:
 
     def __getattr__(self, name):
         return getattr(self._rfile, name)
+
+
+def mesh_answer(values: Mapping[int, bytes], rank: int, n: int) -> bytes:
+    """What reader ``rank`` of a scope of ``n`` ranks gets back from a mesh read.
+
+    Each of the ``n`` values is ``host + b"\\n" + addresses``, the addresses
+    ``n - 1`` equal slices, one per peer in rank order (a rank keeps none for
+    itself): peer ``i`` meant slice ``rank`` for a reader below it and slice
+    ``rank - 1`` for a reader above it. The answer is the reader's local rank
+    (how many ranks below it share its host), a newline, and the slice each peer
+    meant for it, in peer order: ``(n - 1) * slice`` bytes.
+
+    Example: three ranks on hosts a, a, b; peer i's slice for j is ``b"i>j"``::
+
+        >>> values = {0: b"a\\n0>10>2", 1: b"a\\n1>01>2", 2: b"b\\n2>02>1"}
+        >>> mesh_answer(values, 1, 3)
+        b'1\\n0>12>1'
+        >>> mesh_answer(values, 2, 3)
+        b'0\\n0>21>2'
+
+    Raises:
+        ValueError: a value has no host line, or its addresses do not split into
+            ``n - 1`` equal slices (the message names its rank and length).
+    """
+    parts, own_host = [], None
+    for i in range(n):
+        value = values[i]
+        cut = value.find(b"\n")
+        body = len(value) - cut - 1
+        if cut < 0 or (n > 1 and (body == 0 or body % (n - 1))):
+            raise ValueError(
+                f"rank {i}'s value ({len(value)} bytes) is not a host line and {n - 1} "
+                "equal address slices"
+            )
+        if i == rank:
+            own_host = value[:cut]
+            continue
+        size = body // (n - 1)
+        start = cut + 1 + size * (rank if rank < i else rank - 1)
+        parts.append(value[start : start + size])
+    local = sum(1 for i in range(rank) if values[i].startswith(own_host + b"\n"))
+    return b"%d\n" % local + b"".join(parts)
+
+
+def _mesh_query(key: str) -> tuple[int, int, float]:
+    """``(rank, size, wait in s)`` of a mesh read's key ``hvdkit_mesh_<rank>?size=n&wait_ms=W``.
+
+    Raises:
+        ValueError: the key is not of that shape, or ``rank`` is not below ``size``.
+    """
+    parts = urlsplit(key)
+    query = parse_qs(parts.query, strict_parsing=True)
+    rank = int(parts.path[len(MESH_KEY) :])
+    (size,), (wait_ms,) = query["size"], query["wait_ms"]
+    n, wait = int(size), int(wait_ms)
+    if not (0 <= rank < n <= MAX_KEYS and wait >= 0):
+        raise ValueError(f"rank {rank} of {n}, wait {wait} ms")
+    return rank, n, wait / 1000
+
+
+class MeshBoard:
+    """Which ranks of each scope have published their addresses; the mesh reads wait here.
+
+    A read waits on its scope's condition, notified only when the scope's count
+    reaches a size some read waits for: a scope of ``n`` ranks wakes its readers
+    once, not at each of its ``n`` values (``n²`` wake-ups).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._keys: dict[str, set[str]] = {}  # scope -> its address keys published
+        self._waits: dict[str, tuple[threading.Condition, Counter]] = {}  # scope -> (cond, sizes)
+
+    def published(self, scope: str, key: str) -> None:
+        with self._lock:
+            keys = self._keys.setdefault(scope, set())
+            keys.add(key)
+            waiting = self._waits.get(scope)
+            if waiting is not None and waiting[1][len(keys)]:
+                waiting[0].notify_all()
+
+    def forget(self, scope: str | None = None, key: str | None = None) -> None:
+        """Forget one key of ``scope``, all of ``scope`` (``key`` None), or everything."""
+        with self._lock:
+            if scope is None:
+                self._keys.clear()
+            elif key is None:
+                self._keys.pop(scope, None)
+            else:
+                self._keys.get(scope, set()).discard(key)
+
+    def wait(self, scope: str, n: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until ``scope`` holds ``n`` address keys; whether it does."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if scope not in self._waits:
+                self._waits[scope] = (threading.Condition(self._lock), Counter())
+            cond, sizes = self._waits[scope]
+            sizes[n] += 1
+            try:
+                while len(self._keys.get(scope, ())) < n:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    cond.wait(left)
+                return True
+            finally:
+                sizes[n] -= 1
+                if not +sizes:
+                    del self._waits[scope]
 
 
 class GuardedHandler(_HorovodHandler):
@@ -150,6 +294,64 @@ class GuardedHandler(_HorovodHandler):
             self.rfile = _ExactBody(self.rfile)
         return True
 
+    def do_GET(self):
+        _, scope, key = self.path.split("/")
+        if key == MESH_PROBE_KEY:
+            self._answer(200, MESH_PROTOCOL)
+        elif key.startswith(MESH_KEY):
+            self._read_mesh(scope, key)
+        else:
+            super().do_GET()
+
+    def _read_mesh(self, scope: str, key: str) -> None:
+        try:
+            rank, n, wait_s = _mesh_query(key)
+        except (ValueError, KeyError) as exc:
+            self._reject(400, BAD_PATH, f"mesh read {key[:80]!r}: {exc}")
+            return
+        server = self.server
+        if wait_s > 0 and server.park():
+            try:
+                server.mesh.wait(scope, n, min(wait_s, MESH_WAIT_CAP_S))
+            finally:
+                server.unpark()
+        with server.cache_lock:
+            stored = server.cache.get(scope, {})
+            values = {i: stored.get(f"{ADDRESSES_KEY}{i}") for i in range(n)}
+        missing = [i for i, v in values.items() if v is None]
+        if missing:
+            # "not yet": a 404, which Horovod's store returns to its caller without retries
+            self._answer(404, b"missing " + ",".join(map(str, missing)).encode())
+            return
+        try:
+            answer = mesh_answer(values, rank, n)
+        except ValueError as exc:
+            self._reject(400, BAD_VALUE, f"scope {scope[:40]!r}: {exc}")
+            return
+        self._answer(200, answer)
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _put_value(self, scope, key, value):
+        super()._put_value(scope, key, value)
+        if key.startswith(ADDRESSES_KEY):
+            self.server.mesh.published(scope, key)
+
+    def do_DELETE(self):
+        super().do_DELETE()
+        _, scope, key = self.path.split("/")
+        with self.server.cache_lock:
+            values = self.server.cache.get(scope)
+            cleared, removed = not values, key not in (values or {})
+        if cleared:  # Horovod clears a scope once all its ranks are done
+            self.server.mesh.forget(scope)
+        elif removed:
+            self.server.mesh.forget(scope, key)
+
     def _reject(self, status: int, kind: str, detail: str) -> bool:
         self.server.refuse(self.client_address[0], kind, detail)
         self.close_connection = True
@@ -174,8 +376,30 @@ class GuardedHTTPServer(_HorovodHTTPServer):
             log, "rendezvous server refused a request from", REFUSAL_KINDS
         )
         self.refusals = self.refuse.counts
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.mesh = MeshBoard()
+        self._load = threading.Condition()
+        self._busy = 0  # requests being served, besides those parked in a mesh wait
+        self._waiting = 0  # mesh reads parked
         super().__init__(address, GuardedHandler, verbose)
+
+    def init(self, host_alloc_plan) -> None:
+        super().init(host_alloc_plan)
+        self.mesh.forget()
+
+    def park(self) -> bool:
+        """Move this request from the served ones to the waiting ones; False when full."""
+        with self._load:
+            if self._waiting >= MAX_WAITING:
+                return False
+            self._busy -= 1
+            self._waiting += 1
+            self._load.notify()
+            return True
+
+    def unpark(self) -> None:
+        with self._load:
+            self._waiting -= 1
+            self._busy += 1
 
     def admits(self, address: str) -> bool:
         return address in self.allowed
@@ -187,21 +411,29 @@ class GuardedHTTPServer(_HorovodHTTPServer):
             return sum(len(s) for s in scopes), sum(len(v) for s in scopes for v in s.values())
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        with self._load:
+            admitted = self._load.wait_for(lambda: self._busy < MAX_CONNECTIONS, ADMIT_WAIT_S)
+            self._busy += admitted
+        if not admitted:
             self.refuse(client_address[0], TOO_MANY, f"more than {MAX_CONNECTIONS} at once")
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._done()
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._done()
+
+    def _done(self) -> None:
+        with self._load:
+            self._busy -= 1
+            self._load.notify()
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]

@@ -1,0 +1,225 @@
+"""hvdkit's batched Gloo full mesh on its rendezvous server (launch/guard.py).
+
+A real server on loopback, threads as ranks: each rank PUTs its host line and
+its n - 1 address slices, then one mesh read returns the slices meant for it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from types import SimpleNamespace
+
+import pytest
+from listener_targets import wait_for
+
+from hvdkit.launch import guard
+
+SLICE = 6  # bytes of one simulated pair address (Gloo's TCP address is 136)
+
+
+def address(i: int, j: int) -> bytes:
+    """Rank i's address for its pair with rank j: a fixed-size, recognisable slice."""
+    return b"%02d>%02d;" % (i, j)
+
+
+def value(i: int, n: int, host: bytes) -> bytes:
+    """What rank i of n PUTs: its host line, then a slice for every peer in rank order."""
+    return host + b"\n" + b"".join(address(i, j) for j in range(n) if j != i)
+
+
+def expected(r: int, n: int, hosts: list[bytes]) -> bytes:
+    local = sum(1 for i in range(r) if hosts[i] == hosts[r])
+    return b"%d\n" % local + b"".join(address(i, r) for i in range(n) if i != r)
+
+
+def request(port, method, path, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def read(port, scope, r, n, wait_ms=60_000):
+    return request(port, "GET", f"/{scope}/{guard.MESH_KEY}{r}?size={n}&wait_ms={wait_ms}")
+
+
+def publish(port, scope, r, n, hosts):
+    status, _ = request(port, "PUT", f"/{scope}/{guard.ADDRESSES_KEY}{r}", value(r, n, hosts[r]))
+    assert status == 200
+
+
+@pytest.fixture
+def server():
+    srv = guard.GuardedRendezvous("127.0.0.1", {"127.0.0.1"})
+    port = srv.start()
+    yield srv, port
+    srv.stop()
+
+
+def test_mesh_answer_gives_every_reader_the_slices_meant_for_it():
+    n = 5
+    hosts = [b"a", b"b", b"a", b"a", b"b"]
+    values = {i: value(i, n, hosts[i]) for i in range(n)}
+    for r in range(n):
+        got = guard.mesh_answer(values, r, n)
+        assert got == expected(r, n, hosts), r
+        assert len(got) == 2 + (n - 1) * 6
+    assert [guard.mesh_answer(values, r, n)[:2] for r in range(n)] == [
+        b"0\n",
+        b"0\n",
+        b"1\n",
+        b"2\n",
+        b"1\n",
+    ]
+    # the docstring's example
+    three = {0: b"a\n0>10>2", 1: b"a\n1>01>2", 2: b"b\n2>02>1"}
+    assert guard.mesh_answer(three, 1, 3) == b"1\n0>12>1"
+    assert guard.mesh_answer({0: b"h\n"}, 0, 1) == b"0\n"  # a scope of one: no peers
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [(b"no host line", "rank 2's value \\(12 bytes\\)"), (b"a\n12345", "rank 2's value")],
+)
+def test_mesh_answer_refuses_a_value_that_does_not_split(bad, why):
+    values = {i: value(i, 3, b"h") for i in range(3)}
+    values[2] = bad
+    with pytest.raises(ValueError, match=why):
+        guard.mesh_answer(values, 0, 3)
+
+
+def test_the_probe_tells_hvdkits_server_from_horovods(server):
+    from horovod.runner.http.http_server import RendezvousServer
+
+    _, port = server
+    assert request(port, "GET", f"/global/{guard.MESH_PROBE_KEY}") == (200, guard.MESH_PROTOCOL)
+    assert request(port, "GET", f"/local_host0/{guard.MESH_PROBE_KEY}")[0] == 200
+    horovods = RendezvousServer()
+    hport = horovods.start()
+    try:
+        # Horovod's own server does not know the key: a patched rank keeps Gloo's exchange
+        assert request(hport, "GET", f"/global/{guard.MESH_PROBE_KEY}")[0] == 404
+    finally:
+        horovods.stop()
+
+
+def test_ranks_as_threads_each_read_their_slices_once_all_have_published(server):
+    srv, port = server
+    n = 6
+    hosts = [b"host0"] * 3 + [b"host1"] * 3
+    answers: dict[int, tuple[int, bytes]] = {}
+
+    def rank(r):
+        publish(port, "global", r, n, hosts)
+        answers[r] = read(port, "global", r, n)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n - 1)]
+    for t in threads:
+        t.start()
+    # the five wait in the server (parked, off the connection cap) for the sixth
+    assert wait_for(lambda: srv.httpd._waiting == n - 1, 60), srv.httpd._waiting
+    assert answers == {}
+    rank(n - 1)
+    for t in threads:
+        t.join(60)
+    assert answers == {r: (200, expected(r, n, hosts)) for r in range(n)}
+    # (a request's thread ends just after its answer went out)
+    assert wait_for(lambda: (srv.httpd._waiting, srv.httpd._busy) == (0, 0), 60)
+    assert dict(srv.httpd.refusals) == {}
+
+
+def test_a_read_that_ends_before_all_came_names_the_missing_ranks(server):
+    _, port = server
+    n = 5
+    hosts = [b"h"] * n
+    for r in (0, 2, 4):
+        publish(port, "cross_0", r, n, hosts)
+    assert read(port, "cross_0", 0, n, wait_ms=0) == (404, b"missing 1,3")
+    assert read(port, "cross_0", 2, n, wait_ms=50) == (404, b"missing 1,3")  # waited, in vain
+    publish(port, "cross_0", 1, n, hosts)
+    assert read(port, "cross_0", 4, n, wait_ms=0) == (404, b"missing 3")
+    publish(port, "cross_0", 3, n, hosts)
+    assert read(port, "cross_0", 4, n, wait_ms=0) == (200, expected(4, n, hosts))
+    # other scopes are apart: the same ranks elsewhere have published nothing
+    assert read(port, "global", 0, 2, wait_ms=0) == (404, b"missing 0,1")
+
+
+def test_waiting_reads_do_not_take_the_connection_slots(server, monkeypatch):
+    srv, port = server
+    monkeypatch.setattr(guard, "MAX_CONNECTIONS", 3)
+    n = 9
+    hosts = [b"h"] * n
+    answers = {}
+
+    def reader(r):
+        answers[r] = read(port, "global", r, n)
+
+    for r in range(n - 1):
+        publish(port, "global", r, n, hosts)
+    threads = [threading.Thread(target=reader, args=(r,)) for r in range(n - 1)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: srv.httpd._waiting == n - 1, 60), srv.httpd._waiting
+    # eight reads wait, more than the three slots: ordinary requests are still served
+    assert request(port, "GET", "/global/none")[0] == 404
+    publish(port, "global", n - 1, n, hosts)
+    for t in threads:
+        t.join(60)
+    assert answers == {r: (200, expected(r, n, hosts)) for r in range(n - 1)}
+    assert guard.TOO_MANY not in srv.httpd.refusals
+
+
+def test_more_waiting_reads_than_allowed_are_answered_at_once(server, monkeypatch):
+    srv, port = server
+    monkeypatch.setattr(guard, "MAX_WAITING", 0)
+    # not parked: the state as it is now, without waiting (the reader asks again)
+    assert read(port, "global", 1, 2) == (404, b"missing 0,1")
+    assert srv.httpd._waiting == 0
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        f"{guard.MESH_KEY}2?size=2&wait_ms=0",  # rank not below size
+        f"{guard.MESH_KEY}x?size=2&wait_ms=0",
+        f"{guard.MESH_KEY}0?size=2",
+        f"{guard.MESH_KEY}0?size=2&wait_ms=-1",
+        f"{guard.MESH_KEY}0?size=2&wait_ms=1&wait_ms=2",
+    ],
+)
+def test_a_malformed_mesh_read_is_refused(server, key):
+    srv, port = server
+    assert request(port, "GET", f"/global/{key}")[0] == 400
+    assert dict(srv.httpd.refusals) == {guard.BAD_PATH: 1}
+
+
+def test_a_value_of_the_wrong_shape_is_refused_to_its_readers(server):
+    srv, port = server
+    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}0", value(0, 3, b"h"))
+    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}1", value(1, 3, b"h"))
+    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}2", b"h\n1234567")  # 7 bytes for 2 peers
+    assert read(port, "global", 0, 3)[0] == 400
+    assert dict(srv.httpd.refusals) == {guard.BAD_VALUE: 1}
+
+
+def test_a_scope_horovod_clears_is_forgotten_and_can_meet_again(server):
+    srv, port = server
+    n = 2
+    srv.init([SimpleNamespace(hostname="h", local_rank=r, size=n, local_size=n, cross_size=1)
+              for r in range(n)])  # fmt: skip
+    hosts = [b"h"] * n
+    for r in range(n):
+        publish(port, "global", r, n, hosts)
+    assert read(port, "global", 0, n) == (200, expected(0, n, hosts))
+    for r in range(n):  # each rank's Finalize; the last clears the scope (Horovod's server)
+        assert request(port, "DELETE", f"/global/{r}")[0] == 200
+    assert srv.httpd.cache.get("global", {}) == {}
+    assert read(port, "global", 1, n, wait_ms=0) == (404, b"missing 0,1")
+    hosts = [b"x", b"y"]
+    for r in range(n):
+        publish(port, "global", r, n, hosts)
+    assert read(port, "global", 1, n) == (200, expected(1, n, hosts))
