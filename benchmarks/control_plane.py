@@ -158,26 +158,45 @@ class SimWorker:
 
 
 # ---------------------------------------------------------------- the scheduler's process
-def thread_per_channel_keep_alive(ch, silence_s, every_s=protocol.ALIVE_EVERY_S) -> None:
-    """Keep-alives as hvdkit sent them before 2026-11-29: one thread per channel (``--compare``)."""
+class ThreadPerChannel:
+    """The scheduler's reading as it was before 2026-11-29: a thread per channel (``--compare``).
 
-    def loop():
-        while not ch._closed.wait(every_s):
-            if not ch._send_alive():
-                return
+    Same callbacks as :class:`hvdkit.launch.listening.Listener`; each thread
+    blocks in :meth:`~hvdkit.launch.protocol.Channel.recv`, which raises
+    :class:`~hvdkit.launch.protocol.Silent` after the silence limit.
+    """
 
-    ch._silence_s = silence_s
-    threading.Thread(target=loop, daemon=True).start()
+    def __init__(self, silence_s, heard, ended):
+        self.heard, self.ended = heard, ended
+
+    def add(self, channel, who) -> None:
+        def loop():
+            while True:
+                try:
+                    msg = channel.recv()
+                except protocol.Silent as exc:
+                    return self.ended(who, exc)
+                except Exception:
+                    msg = None
+                if msg is None:
+                    return self.ended(who, None)
+                self.heard(who, msg)
+
+        threading.Thread(target=loop, daemon=True).start()
+
+    def close(self) -> None:
+        pass
 
 
 def scheduler_main(n: int, port: int) -> int:
     """The child: an elastic scheduler for ``n`` workers; says READY on stdout once listening."""
     import logging
 
+    from hvdkit.launch import scheduler
     from hvdkit.launch.scheduler import Scheduler
 
     if os.environ.get("CONTROL_PLANE_THREAD_PER_CHANNEL"):
-        protocol.Channel.keep_alive = thread_per_channel_keep_alive
+        scheduler.Listener = ThreadPerChannel
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sched = Scheduler(
@@ -233,7 +252,7 @@ def measure(n: int, per_host: int, steady_s: float, log_dir: Path, old: bool = F
     )
     proc = psutil.Process(child.pid)
     result: dict = {"n": n, "per_host": per_host, "hosts": -(-n // per_host)}
-    result["keep_alive"] = "thread per channel" if old else "one thread"
+    result["reading"] = "thread per channel" if old else "one thread"
     ticks0, load0 = cpu_ticks(), os.getloadavg()
     try:
         if child.stdout.readline().strip() != "READY":
@@ -375,7 +394,7 @@ def main() -> int:
     p.add_argument(
         "--compare",
         action="store_true",
-        help="also measure each N with the scheduler's keep-alives sent by a thread per channel",
+        help="also measure each N with the scheduler reading each channel on a thread of its own",
     )
     args = p.parse_args()
     if args.scheduler:
@@ -388,13 +407,13 @@ def main() -> int:
     for n in sizes:
         if args.compare:
             before.append(measure(n, args.per_host, args.steady, log_dir, old=True))
-            print("thread per channel:", table(before).splitlines()[-1], flush=True)
+            print("a reading thread per channel:", table(before).splitlines()[-1], flush=True)
         rows.append(measure(n, args.per_host, args.steady, log_dir))
         print(table(rows).splitlines()[-1], flush=True)
     print()
     print(table(rows))
     if before:
-        print("\nthe scheduler's keep-alives sent by a thread per channel:")
+        print("\nthe scheduler reading each channel on a thread of its own:")
         print(table(before))
     payload = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

@@ -65,6 +65,7 @@ READY = "ready"  # the program is about to meet the other ranks of round "round"
 RESUMED = "resumed"  # rank 0 trains again in round "round", from step "step"
 FINISHED = "finished"  # the program's training function returned: it meets no new world
 TOO_LONG = b"\x00too long"  # what recv_line returns for a line over its bound (not JSON)
+_NOTHING = object()  # Channel._message: a line that carries no message
 
 # Why the scheduler refuses a connection: the fixed kinds its refusal log counts.
 BAD_TOKEN = "bad job token"
@@ -126,6 +127,7 @@ class Channel:
         self._sent = self._received = 0
         self.dropped = 0
         self._silence_s: float | None = None  # set by keep_alive()
+        self.heard_at = time.monotonic()  # when the peer's last authentic line came
         self._closed = threading.Event()
 
     # ------------------------------------------------------------ authentication
@@ -136,6 +138,10 @@ class Channel:
     @property
     def secured(self) -> bool:
         return self._keys is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     # ------------------------------------------------------------ sending
     def send(self, **msg) -> None:
@@ -201,6 +207,23 @@ class Channel:
 
     def _read_line(self, deadline: float | None) -> bytes | None:
         while True:
+            line = self._take_line()
+            if line is not None:
+                return line
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no complete message before the deadline")
+                self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+
+    def _take_line(self) -> bytes | None:
+        """The next complete line in the buffer (:data:`TOO_LONG` for an oversized one); None
+        until more bytes come."""
+        while True:
             newline = self._buf.find(b"\n")
             if newline >= 0:
                 line = bytes(self._buf[:newline])
@@ -214,15 +237,7 @@ class Channel:
                 if not self._skipping:
                     self._skipping = True
                     return TOO_LONG
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no complete message before the deadline")
-                self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                return None
-            self._buf += chunk
+            return None
 
     def recv(self, deadline: float | None = None) -> dict | None:
         """Next message, or None when the peer closed the connection.
@@ -252,19 +267,54 @@ class Channel:
                 raise
             if line is None:
                 return None
-            if self._keys is None:
-                return _plain(line, self.max_line)
-            msg = self._authentic(line)
-            if msg is not None and msg.get("type") == ALIVE:
+            msg = self._message(line)
+            if msg is _NOTHING:
                 if silent_at is not None:  # only an authentic line proves the peer is there
-                    silent_at = time.monotonic() + self._silence_s
+                    silent_at = max(silent_at, self.heard_at + self._silence_s)
                 continue
-            if msg is not None:
-                return msg
-            self.dropped += 1
-            if self.dropped >= MAX_DROPPED:
-                log.warning("giving up the connection with %s: too many forged lines", self.peer)
-                return None
+            return msg
+
+    def read_ready(self) -> tuple[list[dict], bool]:
+        """What the socket holds now, read without waiting: ``(messages, ended)``.
+
+        For one thread that reads many channels (:class:`~hvdkit.launch.listening.Listener`):
+        the messages the bytes complete, as :meth:`recv` would return them (keep-alives
+        skipped; :attr:`heard_at` moved on by every authentic line), and whether the
+        connection is over (closed by the peer, broken, or too many forged lines).
+        """
+        try:
+            chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            chunk = None  # woken for nothing: no bytes after all
+        except OSError:
+            return [], True
+        if chunk == b"":
+            return [], True
+        if chunk:
+            self._buf += chunk
+        messages = []
+        while (line := self._take_line()) is not None:
+            msg = self._message(line)
+            if msg is None:
+                return messages, True
+            if msg is not _NOTHING:
+                messages.append(msg)
+        return messages, False
+
+    def _message(self, line: bytes) -> dict | object | None:
+        """The message ``line`` carries; :data:`_NOTHING` for a keep-alive or a dropped line;
+        None once too many lines were dropped (the connection is given up)."""
+        if self._keys is None:
+            return _plain(line, self.max_line)
+        msg = self._authentic(line)
+        if msg is not None:
+            self.heard_at = time.monotonic()
+            return _NOTHING if msg.get("type") == ALIVE else msg
+        self.dropped += 1
+        if self.dropped >= MAX_DROPPED:
+            log.warning("giving up the connection with %s: too many forged lines", self.peer)
+            return None
+        return _NOTHING
 
     def _authentic(self, line: bytes) -> dict | None:
         _, recv_key, session = self._keys

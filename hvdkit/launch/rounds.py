@@ -102,7 +102,10 @@ from .protocol import ABORT, DESCRIBE, FINISHED, GO, PREEMPT, READY, RESUMED, Ch
 
 log = logging.getLogger("hvdkit.scheduler")
 FAILURE_GRACE_S = 3.0
-SIGNAL_POLL_S = 0.5  # how often a round's watch looks whether SIGTERM came
+SIGNAL_POLL_S = 0.5  # how often a round's watch looks at its clocks with nothing reported
+# Put on the events queue by the scheduler's SIGTERM handler (a reentrant put): the watch
+# wakes and looks at the signals now, not at its next look.
+SIGNALLED = object()
 ABORT_WAIT_S = 30.0
 LOST = "lost"  # a report's code when the worker's connection closed
 SILENT = "silent"  # ... when it sent nothing, not even a keep-alive, for the silence limit
@@ -136,7 +139,7 @@ class Registration:
 class Job(Protocol):
     """What a round reads and changes of its job (:class:`~hvdkit.launch.scheduler.Scheduler`)."""
 
-    events: queue.Queue  # the workers' reports: (registration, round, code, detail, tail)
+    events: queue.SimpleQueue  # the workers' reports (:class:`Report`), and SIGNALLED
     newcomers: queue.Queue  # registered workers waiting to join
     sigterm: list[str]  # not empty once the scheduler got SIGTERM
     elastic: bool
@@ -316,6 +319,8 @@ class Round:
             report = job.events.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return (None if grace is None else Event.GRACE_OVER), None
+        if report is SIGNALLED:
+            return None, None  # the next call finds job.sigterm
         return report.event, report
 
     def handle(self, event: Event, arg: Report | list | None = None) -> None:
@@ -582,7 +587,7 @@ class Round:
                 report = events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if report.code in (READY, RESUMED, FINISHED):  # not an exit report
+            if report is SIGNALLED or report.code in (READY, RESUMED, FINISHED):  # no exit report
                 continue
             if report.reg in self.remaining and report.round in (None, self.number):
                 self.remaining.pop(report.reg)

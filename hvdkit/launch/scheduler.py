@@ -34,9 +34,10 @@ from .._validate import is_int
 from ..errors import LaunchError
 from . import protocol
 from .heartbeat import stall_timeout
+from .listening import Listener
 from .protocol import FINISHED, READY, RESUMED
 from .restart import RestartBudget, resume_step
-from .rounds import LOST, SILENT, Registration, Report, Round, RoundResult
+from .rounds import LOST, SIGNALLED, SILENT, Registration, Report, Round, RoundResult
 
 log = logging.getLogger("hvdkit.scheduler")
 
@@ -117,8 +118,12 @@ class Scheduler:
         self._round_no = 0  # rounds started so far, restarts and in-process recoveries alike
         self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
+        # one thread reads every worker's channel (before the door admits anyone)
+        self.listener = Listener(self.silence_s, self._heard, self._ended)
         self.door = _Door(host, port, worker_num, token, self._registered)
-        self.events: queue.Queue[Report] = queue.Queue()  # the workers' word, as rounds.Report
+        # the workers' word, as rounds.Report, and SIGNALLED (a SimpleQueue's put is reentrant:
+        # the SIGTERM handler can put while the main thread is inside a get)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
         # elastic: a rank's training function returned; the job takes no newcomer now
         self.finishing = False
         self.round_sizes: dict[int, int] = {}  # ranks per round, for the membership lines
@@ -132,7 +137,7 @@ class Scheduler:
     def _registered(self, reg: Registration) -> None:
         """A worker passed the door: keep its channel alive and listen to it."""
         reg.channel.keep_alive(self.silence_s)
-        threading.Thread(target=self._listen, args=(reg,), daemon=True).start()
+        self.listener.add(reg.channel, reg)
 
     # ------------------------------------------------------------ the job
     def run(self) -> int:
@@ -144,6 +149,7 @@ class Scheduler:
             regs = self.door.all_workers(self.timeout_s)
         except BaseException:
             self.door.close()
+            self.listener.close()
             raise
         if self.budget.limit == 0 and not self.elastic:
             # A late or surplus worker is refused at once instead of waiting
@@ -157,6 +163,7 @@ class Scheduler:
                 return self._rounds(regs, everyone)
         finally:
             self.door.close()
+            self.listener.close()
             for r in everyone:
                 r.channel.close()
 
@@ -166,7 +173,12 @@ class Scheduler:
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers live on the main thread; SIGTERM stays fatal
             return
-        previous = signal.signal(signal.SIGTERM, lambda *_: self.sigterm.append("SIGTERM"))
+
+        def noted(*_):
+            self.sigterm.append("SIGTERM")
+            self.events.put(SIGNALLED)  # wakes a round's watch now
+
+        previous = signal.signal(signal.SIGTERM, noted)
         try:
             yield
         finally:
@@ -429,33 +441,27 @@ class Scheduler:
     def lost(reg: Registration) -> str:
         return f"lost its worker ({reg.describe()}) without an exit report"
 
-    def _listen(self, reg: Registration) -> None:
-        lost, how = None, LOST  # why the worker is lost, if not "without an exit report"
-        while True:
-            try:
-                msg = reg.channel.recv()
-            except protocol.Silent:
-                lost = f"lost its worker ({reg.describe()}): no word for {self.silence_s:g} s"
-                how = SILENT
-                log.warning("%s, not even a keep-alive: its machine or network may be down", lost)
-                msg = None
-            except Exception as exc:  # the worker is as good as lost; never a dead thread
-                if not isinstance(exc, OSError):
-                    log.error("reading %s failed: %s", reg.describe(), type(exc).__name__)
-                msg = None
-            if msg is None:
-                reg.gone = True
-                self.events.put(Report(reg, None, how, lost or self.lost(reg)))
-                return
-            kind = msg.get("type")
-            if kind == protocol.EXIT:
-                self.events.put(_exit_report(reg, msg))
-            elif kind in (READY, FINISHED) and isinstance(msg.get("round"), int):
-                self.events.put(Report(reg, msg["round"], kind))
-            elif kind == RESUMED and all(is_int(msg.get(k)) for k in ("round", "step")):
-                self.events.put(Report(reg, msg["round"], RESUMED, str(msg["step"])))
-            elif kind == protocol.STATE:
-                self._record_doings(msg)
+    def _heard(self, reg: Registration, msg: dict) -> None:
+        """A worker's message, on the listener's thread: as a report for the round, or kept."""
+        kind = msg.get("type")
+        if kind == protocol.EXIT:
+            self.events.put(_exit_report(reg, msg))
+        elif kind in (READY, FINISHED) and isinstance(msg.get("round"), int):
+            self.events.put(Report(reg, msg["round"], kind))
+        elif kind == RESUMED and all(is_int(msg.get(k)) for k in ("round", "step")):
+            self.events.put(Report(reg, msg["round"], RESUMED, str(msg["step"])))
+        elif kind == protocol.STATE:
+            self._record_doings(msg)
+
+    def _ended(self, reg: Registration, error: Exception | None) -> None:
+        """A worker's connection is over, on the listener's thread: the worker is lost."""
+        reg.gone = True
+        if isinstance(error, protocol.Silent):
+            lost = f"lost its worker ({reg.describe()}): no word for {self.silence_s:g} s"
+            log.warning("%s, not even a keep-alive: its machine or network may be down", lost)
+            self.events.put(Report(reg, None, SILENT, lost))
+        else:
+            self.events.put(Report(reg, None, LOST, self.lost(reg)))
 
     def _record_doings(self, msg: dict) -> None:
         """Keep a worker's answer to DESCRIBE: ``{"round": n, "ranks": {"0": "waits in ..."}}``.

@@ -554,6 +554,31 @@ def test_a_round_runs_from_the_queue_to_its_result():
     assert result.cause == "rank 1 lost its worker (pid 101 on vm 127.0.0.1) without an exit report"
 
 
+def test_sigterm_wakes_the_watch_without_waiting_for_its_next_look(monkeypatch):
+    """The scheduler's SIGTERM handler puts SIGNALLED on the queue the watch waits on, so a
+    preemption is passed on at once, not at the watch's next look (made an hour here)."""
+    import signal
+
+    from hvdkit.launch.scheduler import Scheduler
+
+    monkeypatch.setattr(rounds, "SIGNAL_POLL_S", 3600.0)
+    sched = Scheduler("127.0.0.1", 0, 2, "token-" + "x" * 20, 60.0)
+    sched.door.sock.close()
+    a, b = workers(3, 3)
+    rnd = Round(sched, [a, b], 3, {}, meet=False)
+    got: list = []
+    watch = threading.Thread(target=lambda: got.append(rnd.next_event()), daemon=True)
+    with sched._noting_sigterm():  # the handler run() installs (this test is on the main thread)
+        watch.start()
+        signal.raise_signal(signal.SIGTERM)
+        watch.join(120.0)  # only against a hang: without the wake it would wait an hour
+    sched.listener.close()
+    assert sched.sigterm == ["SIGTERM"] and not watch.is_alive()
+    # the watch woke for the signal; it had not seen it yet, or had
+    assert got in ([(None, None)], [(Event.SIGTERM, None)])
+    assert rnd.next_event() == (Event.SIGTERM, None)
+
+
 # ------------------------------------------------------------------ the restart budget
 
 
