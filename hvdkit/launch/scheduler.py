@@ -16,6 +16,9 @@ guarded in :mod:`hvdkit.launch.guard`);
 
 Messages: one JSON object per line; their kinds, each named once with its
 fields, are listed in :mod:`hvdkit.launch.protocol` (``ASSIGN`` ... ``STATE``).
+One thread reads every worker's connection (:mod:`hvdkit.launch.listening`)
+and turns what it hears into :class:`~hvdkit.launch.rounds.Report` s on one
+queue, which the round's watch follows.
 """
 
 from __future__ import annotations
