@@ -69,6 +69,7 @@ MAX_WAITING = 4096
 MESH_WAIT_CAP_S = 10.0  # one mesh read waits at most this long (within REQUEST_DEADLINE_S)
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
+DEADLINE_POLL_S = 0.25  # how often the server looks for connections past their deadline
 # How often the serving loop looks whether stop() was called. The scheduler stops
 # a round's server before it sends the next round's assignments: at socketserver's
 # default (0.5 s) that wait was up to half of every in-process regroup
@@ -238,6 +239,43 @@ class MeshBoard:
                     del self._waits[scope]
 
 
+class _Deadlines:
+    """One thread that cuts the connections past their deadline.
+
+    (A timer thread per request, as before, doubled the threads a burst of
+    requests starts, and the threads 1,000 parked mesh reads hold.)
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: dict[GuardedHandler, float] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hvdkit-rdv-deadlines", daemon=True)
+        self._thread.start()
+
+    def add(self, handler: GuardedHandler, at: float) -> None:
+        with self._lock:
+            self._due[handler] = at
+
+    def remove(self, handler: GuardedHandler) -> None:
+        with self._lock:
+            self._due.pop(handler, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(DEADLINE_POLL_S):
+            now = time.monotonic()
+            with self._lock:
+                late = [h for h, at in self._due.items() if at <= now]
+                for handler in late:
+                    del self._due[handler]
+            for handler in late:
+                handler.expire()
+
+
 class GuardedHandler(_HorovodHandler):
     """Horovod's rendezvous request handler behind an address check and size limits."""
 
@@ -245,11 +283,9 @@ class GuardedHandler(_HorovodHandler):
 
     def setup(self):
         super().setup()
-        self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._expire)
-        self._deadline.daemon = True
-        self._deadline.start()
+        self.server.deadlines.add(self, time.monotonic() + REQUEST_DEADLINE_S)
 
-    def _expire(self):
+    def expire(self):
         self.server.refuse(self.client_address[0], TOO_SLOW, "request deadline passed")
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -257,7 +293,7 @@ class GuardedHandler(_HorovodHandler):
             pass
 
     def finish(self):
-        self._deadline.cancel()
+        self.server.deadlines.remove(self)
         try:
             super().finish()
         except OSError:
@@ -381,6 +417,11 @@ class GuardedHTTPServer(_HorovodHTTPServer):
         self._busy = 0  # requests being served, besides those parked in a mesh wait
         self._waiting = 0  # mesh reads parked
         super().__init__(address, GuardedHandler, verbose)
+        self.deadlines = _Deadlines()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.deadlines.stop()
 
     def init(self, host_alloc_plan) -> None:
         super().init(host_alloc_plan)

@@ -80,6 +80,7 @@ PATCHES_DIR = Path(__file__).resolve().parents[1] / "patches"
 PATCHES = (
     "horovod-0.28.1-init-failure-raises.patch",
     "horovod-0.28.1-gloo-all-here-before-connect.patch",
+    "horovod-0.28.1-gloo-batched-mesh.patch",
 )
 PATCH_MARKER = "hvdkit_patches.py"  # written into horovod/ before the build
 
