@@ -359,8 +359,9 @@ def check_chain(chain: Chain, result: dict, report: str, root: Path) -> None:
         assert counts == collections.Counter(range(SAMPLES)), (epoch, schedule, counts)
 
 
-def replay_schedule(sched: str) -> list[tuple[int, int]]:
-    """(first step, ranks) of each world the job trained in, from the scheduler's lines.
+def replay_schedule(sched: str, workers: int = WORKERS) -> list[tuple[int, int]]:
+    """(first step, ranks) of each world the job trained in, from the scheduler's lines
+    (a job of ``workers``: benchmarks/goodput.py runs 4).
 
     A world that trained no step (the next began at its first) is left out,
     and one of the size of the world before continues it: a checkpoint and a
@@ -371,10 +372,10 @@ def replay_schedule(sched: str) -> list[tuple[int, int]]:
         int(r): (int(s), int(n))
         for r, n, s in re.findall(r"round (\d+): (\d+) ranks train again from step (\d+)", sched)
     }
-    worlds = [(0, WORKERS)] + [changes[r] for r in sorted(changes)]
+    worlds = [(0, workers)] + [changes[r] for r in sorted(changes)]
     # a whole-job restart (only after a fault at the end): all the workers, from the checkpoint
     restarts = re.findall(r"resuming from checkpoint step (\d+)", sched)
-    worlds += [(int(start), WORKERS) for start in restarts]
+    worlds += [(int(start), workers) for start in restarts]
     trained = [w for w, nxt in zip(worlds, [*worlds[1:], (None, 0)], strict=True) if nxt[0] != w[0]]
     schedule = trained[:1]
     for start, size in trained[1:]:

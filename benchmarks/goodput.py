@@ -1,0 +1,855 @@
+"""Goodput under failures: an elastic job trained while a fault strikes every P seconds.
+
+    python benchmarks/goodput.py [--minutes 10] [--baseline-minutes 5] [--periods 60 15]
+        [--seed 1] [--step-sleep 0.2] [--keep DIR] [--svg docs/goodput_bench.svg]
+
+One job, run once without faults and then once per period P: the
+scheduler/worker launch over Gloo with ``HVDKIT_ELASTIC=1`` (in-process
+recovery), 4 workers, ``HVDKIT_MIN_WORKERS=2``, a stall timeout of
+:data:`STALL_S` s, tests/multiproc/ft_train.py ``--mode elastic
+--mask-padding`` (a commit every 5 steps, 4 samples per rank and step, steps
+paced to at least ``--step-sleep`` s: a step whose compute leaves the CPU free,
+as on an accelerator), with as many epochs of :data:`SAMPLES` samples as fill
+the longest window.
+
+The benchmark drives the faults from outside, on the wall clock: from the
+moment the four ranks train (``t0``), one fault at ``t0 + (k + 1/2) P`` for
+every k whose time falls in the window (``--minutes``), the kinds by turns
+(:data:`KINDS`): a SIGKILL of a rank's process; a frozen rank (SIGSTOP; its
+worker finds it at the stall timeout and kills it, else the benchmark does,
+by its pid); a lost worker (a SIGKILL of the worker process that holds the
+rank; the rank dies with it). The target is drawn with the seed among the
+rank processes training at that moment, found as children of the processes
+the benchmark started. A killed or frozen rank's worker starts the program
+again; for a lost worker the benchmark starts a new one once the scheduler
+says so, so the job grows back to 4. At the window's end the pacing stops
+and the job trains its remaining epochs unpaced.
+
+Measured per run, inside the window: committed samples per second (samples
+of steps that live on in the final weights: steps rolled back by a recovery
+are not counted, their re-training is), goodput (that rate / the fault-free
+run's), the lost work (samples trained, then rolled back), and per fault the
+times from the scheduler's lines and the ranks' step records:
+
+* detection: fault -> the scheduler's "go on in-process" (a frozen rank: the
+  stall timeout);
+* regroup: that line -> the first step of the smaller world (new Gloo world,
+  rollback broadcast, first step traced again);
+* recovery = detection + regroup: fault -> first step of the next world;
+* newcomer: its start (the decision for a rank its worker starts again; the
+  benchmark's start of a new worker) -> the scheduler's "joins" (TensorFlow's
+  start, ``hvdkit.init``), and the join pause: the survivors' last step ->
+  the first step of the world of 4.
+
+The whole job's checks, as tests/test_phases_mp.py makes them: exit 0, every
+sample of every epoch committed exactly once (exact index sets), and final
+weights equal, bit for bit, to a fault-free replay of its worlds (one launched
+job per world). Prints the tables (markdown, as docs/performance.md shows
+them), writes ``bench_results/goodput.json`` and the SVG. Wall-clock times on
+a shared machine with the load average and steal share; never a pass/fail
+gate on a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from _common import REPO, steal_share, write_results
+
+KINDS = ("kill", "stop", "worker")
+# 6 s: above Horovod's Gloo timeout in elastic jobs (5 s; tests/test_phases_mp.py says
+# why a lower one fails) and 24 paced steps, so a loaded machine's slow step is not
+# taken for a freeze; each freeze costs all of it, so no higher.
+STALL_S = 6
+SAMPLES = 960  # per epoch: 60 steps on 4 ranks of 4 samples, 80 on 3
+BATCH, EVERY = 4, 5  # ft_train's defaults (and the replay's): commit every 5 steps
+WORKERS = 4
+FROZEN_LIMIT_S = 3 * STALL_S + 10  # a frozen rank still there after this: the benchmark ends it
+DECIDED = re.compile(r"go on in-process as round (\d+)")
+JOINS = re.compile(r"joins: (\d+) of \d+ workers as round (\d+)")
+RESUMED = re.compile(r"round (\d+): (\d+) ranks train again from step (\d+)")
+LOST = re.compile(r"rank \d+ lost its worker \(pid \d+ on \S+ ([\d.]+)\)")
+MOVED = re.compile(
+    r"\(round (\d+)\) after .*?; (?:rolled back to|went on from) step \d+; "
+    r"([\d.]+) s to rejoin, ([\d.]+) s to roll back"
+)
+RESTART = re.compile(r"scheduler: restart \d+/")
+TORCHFT = {60: 81.2, 15: 13.4}  # published: 300 GPUs in 30 replica groups
+
+
+# ---------------------------------------------------------------- pure parts
+def fault_schedule(seed: int, period: float, window_s: float) -> list[dict]:
+    """The faults of one run: when (seconds after ``t0``), which kind, and a draw.
+
+    One fault per period, in the middle of each: at ``(k + 1/2) * period``
+    for every k with that time inside the window; the kinds by turns
+    (:data:`KINDS`); ``pick`` in [0, 1) chooses the target among the rank
+    processes training then (:func:`pick_target`).
+
+    Example:
+        >>> [(f["at"], f["kind"]) for f in fault_schedule(1, 60, 150)]
+        [(30.0, 'kill'), (90.0, 'stop')]
+    """
+    rng = np.random.default_rng(seed)
+    count = int(window_s // period)
+    return [
+        {"at": (k + 0.5) * period, "kind": KINDS[k % len(KINDS)], "pick": float(rng.random())}
+        for k in range(count)
+    ]
+
+
+def pick_target(pids: list[int], pick: float) -> int:
+    """The process ``pick`` (in [0, 1)) draws among ``pids``, taken in pid order."""
+    ordered = sorted(pids)
+    return ordered[min(len(ordered) - 1, int(pick * len(ordered)))]
+
+
+def rounds_began(files: dict[str, list[dict]]) -> dict[int, int]:
+    """Round -> the step it began training at, from the ranks' record files.
+
+    ``files``: a file's name (``ids-a<A>-r<R>.jsonl``) -> its records. A
+    process's first line says where its round began; a recovery's mark says it
+    for the round the process went on in (the rule of tests/test_elastic_mp.py
+    ``trained_ids``).
+    """
+    began: dict[int, int] = {}
+    for name, rows in sorted(files.items()):
+        if not rows:  # killed before its first line: trained nothing
+            continue
+        began.setdefault(int(name.split("-")[1][1:]), rows[0]["resumed_from"])
+        for rec in rows:
+            if "recovered_from" in rec:
+                began[rec["round"]] = rec["recovered_from"]
+    return began
+
+
+def step_records(files: dict[str, list[dict]]) -> list[dict]:
+    """Every training step of every rank, each with ``kept`` (it lives on in the weights)
+    and ``undone_by`` (the round whose rollback undid it), sorted by time.
+
+    A step trained in round r is kept unless a later round began at an
+    earlier step; the first such round undid it.
+    """
+    began = rounds_began(files)
+    rounds = sorted(began)
+    out = []
+    for rows in files.values():
+        for rec in rows[1:]:
+            if "ids" not in rec:
+                continue
+            later = [r for r in rounds if r > rec["round"]]
+            undone = next((r for r in later if rec["step"] > began[r]), None)
+            # kept: not after the step the next round began at (as trained_ids counts)
+            kept = not later or rec["step"] <= began[later[0]]
+            out.append({**rec, "n": len(rec["ids"]), "kept": kept, "undone_by": undone})
+    return sorted(out, key=lambda r: r["t"])
+
+
+def committed_rate(steps: list[dict], t0: float, t1: float) -> dict:
+    """Committed and rolled-back samples of the steps trained in [t0, t1), and the rate."""
+    inside = [s for s in steps if t0 <= s["t"] < t1]
+    committed = sum(s["n"] for s in inside if s["kept"])
+    return {
+        "window_s": t1 - t0,
+        "committed_samples": committed,
+        "trained_samples": sum(s["n"] for s in inside),
+        "rolled_back_samples": sum(s["n"] for s in inside if not s["kept"]),
+        "committed_per_s": committed / (t1 - t0),
+    }
+
+
+def timeline(steps: list[dict], t0: float, window_s: float, bin_s: float = 10.0) -> list[float]:
+    """Committed samples per second in each whole ``bin_s`` of the window from ``t0``."""
+    bins = [0.0] * int(window_s // bin_s)
+    for s in steps:
+        b = math.floor((s["t"] - t0) / bin_s)
+        if s["kept"] and 0 <= b < len(bins):
+            bins[b] += s["n"] / bin_s
+    return bins
+
+
+def step_time(
+    steps: list[dict], sizes: dict[int, int], t0: float, t1: float, workers: int = WORKERS
+) -> float | None:
+    """The median seconds between consecutive steps of a whole world (``workers`` ranks)
+    inside [t0, t1): the machine's pace in that run, pauses left out."""
+    done: dict[tuple[int, int], float] = {}  # (round, step) -> when its last rank recorded it
+    for s in steps:
+        if sizes.get(s["round"]) == workers and t0 <= s["t"] < t1:
+            key = (s["round"], s["step"])
+            done[key] = max(done.get(key, s["t"]), s["t"])
+    gaps = [t - done[(r, n - 1)] for (r, n), t in done.items() if (r, n - 1) in done]
+    return float(np.median(gaps)) if gaps else None
+
+
+def goodput(rate: float, fault_free_rate: float) -> float:
+    """Committed samples per second under faults / without: a share (1.0 = no loss)."""
+    return rate / fault_free_rate
+
+
+def rank_moves(rank_lines: list[tuple[float, str]]) -> dict[int, dict]:
+    """Round -> the slowest rank's rejoin and roll-back seconds, as the ranks' lines say
+    them (``... (round 3) after ...; rolled back to step 40; 1.24 s to rejoin, 0.05 s to
+    roll back``), and ``said_t``: when the last of them said it."""
+    moves: dict[int, dict] = {}
+    for t, line in rank_lines:
+        m = MOVED.search(line)
+        if m is None:
+            continue
+        mv = moves.setdefault(int(m.group(1)), {"rejoin_s": 0.0, "rollback_s": 0.0, "said_t": t})
+        mv["rejoin_s"] = max(mv["rejoin_s"], float(m.group(2)))
+        mv["rollback_s"] = max(mv["rollback_s"], float(m.group(3)))
+        mv["said_t"] = max(mv["said_t"], t)
+    return moves
+
+
+def world_sizes(lines: list[tuple[float, str]], workers: int = WORKERS) -> dict[int, int]:
+    """Round -> its ranks, from the scheduler's lines (round 0: ``workers``)."""
+    sizes = {0: workers}
+    for _, line in lines:
+        m = RESUMED.search(line)
+        if m:
+            sizes[int(m.group(1))] = int(m.group(2))
+    return sizes
+
+
+def _first_step(steps: list[dict], rnd: int, after: float) -> float | None:
+    times = [s["t"] for s in steps if s["round"] >= rnd and s["t"] > after]
+    return min(times) if times else None
+
+
+def fault_costs(
+    faults: list[dict],
+    steps: list[dict],
+    lines: list[tuple[float, str]],
+    base_rate: float,
+    workers: int = WORKERS,
+    rank_lines: list[tuple[float, str]] = (),
+) -> list[dict]:
+    """Each fired fault with its measured parts (seconds; a part not seen is left out).
+
+    ``faults``: ``{"t", "kind", ...}`` as fired (a lost worker's with
+    ``new_worker_t``, when its replacement was started); ``steps``:
+    :func:`step_records`; ``lines``, ``rank_lines``: the scheduler's and the
+    ranks' lines with their times; ``base_rate``: the fault-free committed
+    samples per second, which turns lost samples into seconds; ``workers``: the
+    whole world's size. Each scheduler decision is given to the first fault
+    before it that has none yet: at a short period a fault may strike while the
+    last one's world forms, and the events keep their order.
+
+    The parts: ``detection_s`` (fault -> the scheduler's decision), ``regroup_s``
+    (-> the first step of the smaller world; of it, as the ranks say,
+    ``rejoin_s`` and ``rollback_s``, then ``first_step_s`` from their line to
+    that step), ``recovery_s`` (the two), ``lost_work_s`` (samples trained
+    before the fault and rolled back, at the fault-free rate); then the
+    newcomer: ``newcomer_s`` (its start -> the first step of the whole world:
+    its TensorFlow start, ``hvdkit.init``, the survivors' next commit boundary,
+    the new world, the state sent), of which ``join_pause_s`` (the survivors'
+    last step -> that step) stops the survivors, with ``join_rejoin_s`` and
+    ``join_rollback_s`` the ranks' own figures; ``whole_again_s``: fault ->
+    the whole world's first step.
+    """
+    decided = [(t, int(m.group(1))) for t, ln in lines for m in [DECIDED.search(ln)] if m]
+    sizes = world_sizes(lines, workers)
+    grown = [
+        (t, int(m.group(1)))
+        for t, ln in lines
+        for m in [RESUMED.search(ln)]
+        if m and int(m.group(2)) == workers
+    ]
+    moves = rank_moves(list(rank_lines))
+    used: set[float] = set()
+    out = []
+    for f in sorted(faults, key=lambda f: f["t"]):
+        cost = {**f}
+        out.append(cost)
+        dec = next(((t, r) for t, r in decided if t > f["t"] and t not in used), None)
+        if dec is None:
+            continue
+        used.add(dec[0])
+        t_dec, rnd = dec
+        undone = [s for s in steps if s["undone_by"] == rnd]
+        before = sum(s["n"] for s in undone if s["t"] <= f["t"])
+        cost.update(
+            round=rnd,
+            ranks=sizes.get(rnd),
+            detection_s=t_dec - f["t"],
+            lost_samples=sum(s["n"] for s in undone),
+            lost_before_fault_samples=before,
+            lost_work_s=before / base_rate,
+        )
+        back = _first_step(steps, rnd, t_dec)
+        if back is not None:
+            cost.update(regroup_s=back - t_dec, recovery_s=back - f["t"])
+            if rnd in moves:
+                mv = moves[rnd]
+                cost.update(rejoin_s=mv["rejoin_s"], rollback_s=mv["rollback_s"])
+                cost["first_step_s"] = back - mv["said_t"]
+        whole = next(((t, r) for t, r in grown if t > t_dec and r > rnd), None)
+        t_whole = None if whole is None else _first_step(steps, whole[1], whole[0])
+        if t_whole is None:
+            continue
+        last = [s["t"] for s in steps if s["t"] < t_whole]
+        start = f.get("new_worker_t", t_dec)  # a lost worker's replacement, else the return
+        cost.update(newcomer_s=t_whole - start, whole_again_s=t_whole - f["t"])
+        if last:
+            cost["join_pause_s"] = t_whole - max(last)
+        if whole[1] in moves:
+            mv = moves[whole[1]]
+            cost.update(join_rejoin_s=mv["rejoin_s"], join_rollback_s=mv["rollback_s"])
+    return out
+
+
+PARTS = (
+    "detection_s",
+    "regroup_s",
+    "rejoin_s",
+    "rollback_s",
+    "first_step_s",
+    "recovery_s",
+    "lost_work_s",
+    "newcomer_s",
+    "join_pause_s",
+    "join_rejoin_s",
+    "join_rollback_s",
+    "whole_again_s",
+)
+
+
+def percentiles(costs: list[dict]) -> dict:
+    """Per kind (and ``all``): the count and p50/p95 of each part of :data:`PARTS`."""
+    table = {}
+    for kind in (*KINDS, "all"):
+        mine = [c for c in costs if kind in (c["kind"], "all")]
+        row: dict = {"n": len(mine)}
+        for part in PARTS:
+            vals = [c[part] for c in mine if c.get(part) is not None]
+            row[part] = (
+                {"p50": float(np.percentile(vals, 50)), "p95": float(np.percentile(vals, 95))}
+                if vals
+                else None
+            )
+        table[kind] = row
+    return table
+
+
+def loss_split(
+    window: dict,
+    costs: list[dict],
+    steps: list[dict],
+    lines: list[tuple[float, str]],
+    t0: float,
+    base_rate: float,
+    workers: int = WORKERS,
+    base_step_s: float | None = None,
+) -> dict:
+    """The run's lost training time (seconds of fault-free training), by cause.
+
+    ``lost_s`` = window - committed samples / fault-free rate. Of it: the
+    faults' recoveries (fault -> first step of the next world; of them the stall
+    timeouts of the frozen ranks), their lost work (samples trained before the
+    fault and rolled back, at the fault-free rate), the joins' pauses, the
+    training on fewer ranks (each smaller world's span of steps times its
+    missing share of ranks), the machine's pace against the fault-free run's
+    (:func:`step_time` here and ``base_step_s`` there: negative when this run's
+    steps were the quicker); the rest is other slower steps (a newcomer's
+    TensorFlow start takes CPU from the ranks). At short periods faults
+    overlap, and a second may be counted twice.
+    """
+    t1 = t0 + window["window_s"]
+    inside = [c for c in costs if c["t"] < t1]
+    lost_s = window["window_s"] - window["committed_samples"] / base_rate
+    parts = {
+        "recovery_s": sum(c.get("recovery_s") or 0.0 for c in inside),
+        "stall_timeout_s": float(STALL_S * sum(c["kind"] == "stop" for c in inside)),
+        "lost_work_s": sum(c.get("lost_work_s") or 0.0 for c in inside),
+        "join_pause_s": sum(c.get("join_pause_s") or 0.0 for c in inside),
+    }
+    fewer = 0.0
+    for rnd, size in world_sizes(lines, workers).items():
+        times = [s["t"] for s in steps if s["round"] == rnd and t0 <= s["t"] < t1]
+        if size < workers and times:
+            fewer += (max(times) - min(times)) * (1 - size / workers)
+    parts["fewer_ranks_s"] = fewer
+    step = step_time(steps, world_sizes(lines, workers), t0, t1, workers)
+    pace = (
+        0.0
+        if base_step_s is None or step is None
+        else window["window_s"] * (1 - base_step_s / step)
+    )
+    parts["pace_s"] = pace
+    paused = sum(parts[k] for k in ("recovery_s", "lost_work_s", "join_pause_s"))
+    return {"lost_s": lost_s, **parts, "slower_steps_s": lost_s - paused - fewer - pace}
+
+
+# ---------------------------------------------------------------- the job
+def _harness():
+    """The suite's job and checks (imported here: the pure parts above need none of it)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import test_elastic_mp
+    import test_phases_mp
+
+    return test_elastic_mp, test_phases_mp
+
+
+class Run:
+    """One launched job and the faults fired at it on the wall clock."""
+
+    def __init__(self, root: Path, epochs: int, step_sleep: float):
+        elastic, _ = _harness()
+        self.root = root
+        self.pace = root / "pace"
+        root.mkdir(parents=True)
+        self.pace.touch()
+        self.job, self.out = elastic.start_job(
+            root / "job",
+            "--mask-padding",
+            "--step-sleep",
+            str(step_sleep),
+            "--sleep-while",
+            str(self.pace),
+            workers=WORKERS,
+            samples=SAMPLES,
+            epochs=epochs,
+            HVDKIT_ELASTIC="1",
+            HVDKIT_MAX_RESTARTS="1000",  # a worker whose program died starts it again
+            HVDKIT_STALL_TIMEOUT=str(STALL_S),
+        )
+        self.workers_sh = elastic.WORKERS_SH
+        self.new_workers: list[float] = []  # when each replacement worker was started
+        self.frozen: dict[int, float] = {}  # pid -> when it was stopped
+        self.ended_frozen: list[dict] = []
+        self._stop = threading.Event()
+
+    def sched_lines(self) -> list[tuple[float, str]]:
+        with self.job._new_line:
+            return list(zip(self.job.times["scheduler"], self.job.lines["scheduler"], strict=False))
+
+    def ranks(self) -> dict[int, int]:
+        """The job's rank processes training now (their record file open): pid -> worker pid.
+
+        Only descendants of the processes this benchmark started are looked at.
+        """
+        found = {}
+        for name, proc in list(self.job.procs.items()):
+            if name == "scheduler":
+                continue
+            with contextlib.suppress(psutil.Error):
+                kids = psutil.Process(proc.pid).children(recursive=True)
+                for kid in kids:
+                    with contextlib.suppress(psutil.Error):
+                        if not any(a.endswith("ft_train.py") for a in kid.cmdline()):
+                            continue
+                        if kid.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                            continue
+                        files = [Path(f.path) for f in kid.open_files()]
+                        if any(f.parent == self.out and f.name.startswith("ids-") for f in files):
+                            found[kid.pid] = kid.ppid()
+        return found
+
+    def wait_whole(self, limit_s: float = 900.0) -> float:
+        """Until the 4 ranks have each trained a step; that moment (``t0``)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            files = list(self.out.glob("ids-*.jsonl"))
+            stepped = [f for f in files if '"ids"' in f.read_text()]
+            if len(stepped) >= WORKERS:
+                return time.time()
+            if self.job.procs["scheduler"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the job never trained on 4:\n{self.job._everyone()}")
+            time.sleep(0.2)
+
+    def replace_lost_workers(self) -> None:
+        """One new worker per worker the scheduler counts lost (as benchmarks/chaos.py)."""
+        seen = 0
+        while not self._stop.is_set() and self.job.procs["scheduler"].poll() is None:
+            lost = [ln for _, ln in self.sched_lines() if LOST.search(ln)]
+            for _ in lost[seen:]:
+                self.job.start(
+                    f"new{len(self.new_workers)}", [self.workers_sh, "1", *self.job.train]
+                )
+                self.new_workers.append(time.time())
+                seen += 1
+            self.end_frozen()
+            time.sleep(0.2)
+
+    def end_frozen(self) -> None:
+        """A frozen rank its worker did not end within :data:`FROZEN_LIMIT_S`: end it (pid)."""
+        for pid, t in list(self.frozen.items()):
+            try:
+                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                gone = True
+            if gone:
+                self.ended_frozen.append({"pid": pid, "by": "the job"})
+                del self.frozen[pid]
+            elif time.time() - t > FROZEN_LIMIT_S:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                self.ended_frozen.append({"pid": pid, "by": "the benchmark"})
+                del self.frozen[pid]
+
+    def fire(self, fault: dict) -> dict:
+        """Strike ``fault`` at a rank process training now; what was done and when."""
+        ranks = self.ranks()
+        if not ranks:
+            return {**fault, "t": time.time(), "skipped": "no rank trained"}
+        pid = pick_target(list(ranks), fault["pick"])
+        worker = ranks[pid]
+        t = time.time()
+        if fault["kind"] == "kill":
+            os.kill(pid, signal.SIGKILL)
+        elif fault["kind"] == "stop":
+            os.kill(pid, signal.SIGSTOP)
+            self.frozen[pid] = t
+        else:
+            os.kill(worker, signal.SIGKILL)  # its rank dies with it
+        return {**fault, "t": t, "pid": pid, "worker": worker}
+
+
+def run_job(
+    root: Path, period: float | None, seed: int, window_s: float, epochs: int, step_sleep: float
+) -> dict:
+    """One job: its window of training under the faults of ``period`` (None: none)."""
+    load_start, ticks = os.getloadavg(), _ticks()
+    started = time.time()
+    run = Run(root, epochs, step_sleep)
+    fired: list[dict] = []
+    keeper = threading.Thread(target=run.replace_lost_workers, daemon=True)
+    try:
+        t0 = run.wait_whole()
+        keeper.start()
+        plan = fault_schedule(seed, period, window_s) if period else []
+        for fault in plan:
+            time.sleep(max(0.0, t0 + fault["at"] - time.time()))
+            fired.append(run.fire(fault))
+            print(f"  {fault['kind']:>6} at {fired[-1]['t'] - t0:6.1f} s", flush=True)
+        time.sleep(max(0.0, t0 + window_s - time.time()))
+        run.pace.unlink()  # the window is over: the rest trains unpaced
+        result = run.job.finish()
+    finally:
+        run._stop.set()
+        _end_everything(run)
+    ticks_end = _ticks()
+    lines = run.sched_lines()
+    rank_lines = []
+    with run.job._new_line:
+        for name in run.job.procs:
+            stamped = list(zip(run.job.times[name], run.job.lines[name], strict=False))
+            (root / f"{name}.log").write_text("".join(f"{t:.3f} {ln}" for t, ln in stamped))
+            if name != "scheduler":
+                rank_lines += stamped
+    files = {
+        f.name: [json.loads(x) for x in f.read_text().splitlines()]
+        for f in sorted(run.out.glob("ids-a*-r*.jsonl"))
+    }
+    return {
+        "period_s": period,
+        "seed": seed,
+        "t0": t0,
+        "started": started,
+        "job_s": time.time() - started,
+        "exit": result["scheduler"][0],
+        "restarts": sum(bool(RESTART.search(ln)) for _, ln in lines),
+        "fired": fired,
+        "new_worker_starts": run.new_workers,
+        "frozen_ended": run.ended_frozen,
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "steal": steal_share(ticks, ticks_end),
+        "_files": files,
+        "_lines": lines,
+        "_rank_lines": sorted(rank_lines),
+        "_out": run.out,
+        "_report": "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items()),
+    }
+
+
+def _ticks():
+    from hvdkit.launch.transport import cpu_ticks
+
+    return cpu_ticks()
+
+
+def _end_everything(run: Run) -> None:
+    """Every process this run started and its children (each by pid), if any is left."""
+    for proc in run.job.procs.values():
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
+def check_job(job: dict, root: Path, epochs: int, replay: bool) -> dict:
+    """The suite's checks of the job: exit 0, each sample once per epoch, a replay's weights."""
+    elastic, phases = _harness()
+    import collections
+
+    checks: dict = {"exit_0": job["exit"] == 0}
+    ids = elastic.trained_ids(job["_out"])
+    checks["every_epoch"] = sorted(ids) == list(range(epochs))
+    checks["each_sample_once"] = all(
+        counts == collections.Counter(range(SAMPLES)) for counts in ids.values()
+    )
+    mine = collections.Counter()
+    for s in step_records(job["_files"]):  # this file's rule, the same as trained_ids'
+        if s["kept"]:
+            mine.update(s["ids"])
+    checks["same_count_as_trained_ids"] = mine == sum(ids.values(), collections.Counter())
+    if replay and checks["exit_0"]:
+        started = time.time()
+        sched = "".join(ln for _, ln in job["_lines"])
+        schedule = phases.replay_schedule(sched, WORKERS)
+        finals = elastic.replay_worlds(root / "replay", schedule, SAMPLES, epochs)
+        job_w, ref_w = elastic.final_weights(job["_out"]), elastic.final_weights(finals[-1])
+        checks["replay_worlds"] = len(schedule)
+        checks["weights_equal_replay"] = bool(
+            job_w and ref_w and all(np.array_equal(w, ref_w[0]) for w in job_w + ref_w[1:])
+        )
+        checks["replay_s"] = time.time() - started
+    checks["passed"] = all(v for k, v in checks.items() if k not in ("replay_worlds", "replay_s"))
+    return checks
+
+
+# ---------------------------------------------------------------- output
+def summarize(
+    job: dict, base_rate: float | None, window_s: float, base_step_s: float | None = None
+) -> dict:
+    steps = step_records(job["_files"])
+    window = committed_rate(steps, job["t0"], job["t0"] + window_s)
+    rate = base_rate or window["committed_per_s"]
+    faults = [{**f, "new_worker_t": None} for f in job["fired"] if "skipped" not in f]
+    # a lost worker's replacement: the benchmark's n-th new worker serves the n-th lost worker
+    for f, t in zip(
+        [f for f in faults if f["kind"] == "worker"], job["new_worker_starts"], strict=False
+    ):
+        f["new_worker_t"] = t
+    for f in faults:
+        if f["new_worker_t"] is None:
+            del f["new_worker_t"]
+    costs = fault_costs(faults, steps, job["_lines"], rate, rank_lines=job["_rank_lines"])
+    run = {k: v for k, v in job.items() if not k.startswith("_")}
+    run.update(window=window, faults=costs, goodput=goodput(window["committed_per_s"], rate))
+    run["per_kind"] = percentiles(costs)
+    run["timeline_10s"] = timeline(steps, job["t0"], window_s)
+    t1 = job["t0"] + window_s
+    run["step_s"] = step_time(steps, world_sizes(job["_lines"]), job["t0"], t1)
+    run["loss"] = loss_split(
+        window, costs, steps, job["_lines"], job["t0"], rate, base_step_s=base_step_s
+    )
+    return run
+
+
+def _fmt(v, unit: str = "", digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def _name(period: float | None) -> str:
+    return "no faults" if period is None else f"1 fault per {period:g} s"
+
+
+def _p(row: dict | None) -> str:
+    return "–" if row is None else f"{row['p50']:.1f} / {row['p95']:.1f}"
+
+
+KIND_NAMES = {"kill": "SIGKILL", "stop": "frozen", "worker": "lost worker", "all": "all"}
+COST_COLUMNS = (
+    ("detection", "detection_s"),
+    ("rejoin", "rejoin_s"),
+    ("roll back", "rollback_s"),
+    ("first step", "first_step_s"),
+    ("recovery", "recovery_s"),
+    ("lost work", "lost_work_s"),
+    ("newcomer: start to 4 ranks training", "newcomer_s"),
+    ("join pause", "join_pause_s"),
+    ("fault to 4 ranks again", "whole_again_s"),
+)
+SPLIT_COLUMNS = (
+    ("recoveries", "recovery_s"),
+    ("of them stall timeouts", "stall_timeout_s"),
+    ("lost work", "lost_work_s"),
+    ("join pauses", "join_pause_s"),
+    ("fewer ranks", "fewer_ranks_s"),
+    ("pace against the fault-free run", "pace_s"),
+    ("other slower steps", "slower_steps_s"),
+)
+
+
+def markdown_tables(runs: list[dict]) -> str:
+    """The three tables of docs/performance.md ("Goodput under failures") from the runs."""
+    out = [
+        "| run (order) | window, s | faults: SIGKILL / frozen / lost worker | committed "
+        "samples/s | goodput | TorchFT (published) | rolled back, samples | recovery p50 / "
+        "p95, s | step of 4 ranks, s | whole-job restarts | load avg | steal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        kinds = " / ".join(str(sum(f["kind"] == k for f in r["faults"])) for k in KINDS)
+        torchft = TORCHFT.get(r["period_s"])
+        steal = "–" if r["steal"] is None else f"{100 * r['steal']:.1f} %"
+        out.append(
+            f"| {_name(r['period_s'])} ({r['order']}) | {r['window']['window_s']:.0f} | {kinds} | "
+            f"{r['window']['committed_per_s']:.1f} | {100 * r['goodput']:.1f} % | "
+            f"{'' if torchft is None else f'{torchft} %'} | "
+            f"{r['window']['rolled_back_samples']} | {_p(r['per_kind']['all']['recovery_s'])} | "
+            f"{_fmt(r['step_s'], digits=3)} | {r['restarts']} | "
+            f"{r['load_avg_start'][0]:.1f}–{r['load_avg_end'][0]:.1f} | {steal} |"
+        )
+    head = " | ".join(name for name, _ in COST_COLUMNS)
+    out += ["", f"| run | fault | n | {head} |", "|---" * (3 + len(COST_COLUMNS)) + "|"]
+    for r in runs:
+        for kind in (*KINDS, "all") if r["period_s"] is not None else ():
+            row = r["per_kind"][kind]
+            cells = " | ".join(_p(row[key]) for _, key in COST_COLUMNS)
+            out.append(f"| {r['period_s']:g} s | {KIND_NAMES[kind]} | {row['n']} | {cells} |")
+    head = " | ".join(name for name, _ in SPLIT_COLUMNS)
+    out += ["", f"| run | lost | {head} |", "|---" * (2 + len(SPLIT_COLUMNS)) + "|"]
+    for r in runs:
+        if r["period_s"] is None:
+            continue
+        window, loss = r["window"]["window_s"], r["loss"]
+        cells = " | ".join(
+            f"{loss[key]:.0f} s ({100 * loss[key] / window:.1f} %)" for _, key in SPLIT_COLUMNS
+        )
+        out.append(
+            f"| {r['period_s']:g} s | {loss['lost_s']:.0f} s ({100 * loss['lost_s'] / window:.1f}"
+            f" %) | {cells} |"
+        )
+    return "\n".join(out)
+
+
+def svg(runs: list[dict], path: Path) -> None:
+    """Committed samples per second in 10-s bins over each run's window, with its goodput."""
+    from _svg import Series, document, legend, line_chart
+
+    colors = ["#333333", "#1f77b4", "#d62728", "#2ca02c"]
+    bins = max(len(r["timeline_10s"]) for r in runs)
+    series = [
+        Series(
+            f"{_name(r['period_s'])}: {100 * r['goodput']:.0f} %",
+            color,
+            [*r["timeline_10s"], *[None] * (bins - len(r["timeline_10s"]))],
+        )
+        for r, color in zip(runs, colors, strict=False)
+    ]
+    labels = [str(10 * b) if b % 6 == 0 else "" for b in range(bins)]
+    parts = line_chart(
+        0,
+        0,
+        720,
+        300,
+        title="Committed samples per second (10-s bins) under a fault every P seconds",
+        x_labels=labels,
+        y_label="samples/s",
+        series=series,
+        log_y=False,
+    )
+    parts += legend(70, 320, series, 2, 300)
+    note = (
+        f"4 workers on {os.cpu_count()} cores, Gloo, in-process recovery, stall timeout {STALL_S} s"
+    )
+    path.write_text(document(740, 370, parts, footnote=note))
+
+
+def _stop_like_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> None:
+    # SIGTERM ends the run as Ctrl-C does, through the cleanup of the job's processes
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="window of each run with faults")
+    p.add_argument(
+        "--baseline-minutes", type=float, default=5.0, help="window of the fault-free run"
+    )
+    p.add_argument("--periods", type=float, nargs="+", default=[60.0, 15.0])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--step-sleep", type=float, default=0.2)
+    p.add_argument("--no-replay", action="store_true", help="skip the fault-free replay check")
+    p.add_argument("--keep", type=Path, help="run the jobs in KEEP (a new folder) and keep them")
+    p.add_argument("--svg", type=Path, default=REPO / "docs" / "goodput_bench.svg")
+    p.add_argument("--name", default="goodput", help="bench_results/NAME.json")
+    p.add_argument(
+        "--from", dest="source", type=Path, help="print the tables and draw the SVG of a JSON"
+    )
+    args = p.parse_args()
+    if args.source is not None:
+        runs = json.loads(args.source.read_text())["runs"]
+        print(markdown_tables(runs))
+        svg(runs, args.svg)
+        print(f"wrote {args.svg}")
+        return
+    window = 60 * args.minutes
+    steps_per_epoch = SAMPLES // (WORKERS * BATCH)
+    # enough epochs that paced steps outlast the longest window
+    epochs = math.ceil(
+        60 * max(args.minutes, args.baseline_minutes) / args.step_sleep / steps_per_epoch
+    )
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=False)
+    plan = [(None, 60 * args.baseline_minutes), *((float(p), window) for p in args.periods)]
+    runs = []
+    with contextlib.ExitStack() as stack:
+        top = args.keep or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="hvdkit-goodput-"))
+        )
+        base_rate = base_step = None
+        for i, (period, win) in enumerate(plan):
+            name = "no faults" if period is None else f"1 fault per {period:g} s"
+            print(f"run {i + 1}: {name}, window {win:.0f} s, {epochs} epochs", flush=True)
+            job = run_job(top / f"run{i + 1}", period, args.seed, win, epochs, args.step_sleep)
+            job["checks"] = check_job(job, top / f"run{i + 1}", epochs, not args.no_replay)
+            run = summarize(job, base_rate, win, base_step)
+            run["order"], run["checks"] = i + 1, job["checks"]
+            if base_rate is None:
+                base_rate, base_step = run["window"]["committed_per_s"], run["step_s"]
+            runs.append(run)
+            print(
+                f"  exit {job['exit']}, {run['window']['committed_per_s']:.1f} samples/s, "
+                f"goodput {100 * run['goodput']:.1f} %, checks {job['checks']}",
+                flush=True,
+            )
+            if not job["checks"]["passed"]:
+                print(job["_report"][-6000:], flush=True)
+            out = write_results(
+                args.name,
+                {
+                    "what": "committed samples per second under a fault every P seconds / "
+                    "without faults, and each fault's costs (seconds)",
+                    "machine": f"{os.cpu_count()} cores, shared",
+                    "workers": WORKERS,
+                    "stall_timeout_s": STALL_S,
+                    "step_sleep_s": args.step_sleep,
+                    "commit_every_steps": EVERY,
+                    "samples_per_epoch": SAMPLES,
+                    "epochs": epochs,
+                    "seed": args.seed,
+                    "order": [r["period_s"] for r in runs],
+                    "torchft_published_percent": TORCHFT,
+                    "runs": runs,
+                },
+            )
+        print("\n" + markdown_tables(runs))
+        svg(runs, args.svg)
+    print(f"wrote {out} and {args.svg}")
+    if not all(r["checks"]["passed"] for r in runs):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
