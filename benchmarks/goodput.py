@@ -1,7 +1,8 @@
 """Goodput under failures: an elastic job trained while a fault strikes every P seconds.
 
     python benchmarks/goodput.py [--minutes 10] [--baseline-minutes 5] [--periods 60 15]
-        [--seed 1] [--step-sleep 0.2] [--keep DIR] [--svg docs/goodput_bench.svg]
+        [--seed 1] [--step-sleep 0.2] [--no-replay] [--keep DIR] [--svg docs/goodput_bench.svg]
+    python benchmarks/goodput.py --from bench_results/goodput.json   # the tables and SVG again
 
 One job, run once without faults and then once per period P: the
 scheduler/worker launch over Gloo with ``HVDKIT_ELASTIC=1`` (in-process
@@ -44,10 +45,12 @@ times from the scheduler's lines and the ranks' step records:
 The whole job's checks, as tests/test_phases_mp.py makes them: exit 0, every
 sample of every epoch committed exactly once (exact index sets), and final
 weights equal, bit for bit, to a fault-free replay of its worlds (one launched
-job per world). Prints the tables (markdown, as docs/performance.md shows
-them), writes ``bench_results/goodput.json`` and the SVG. Wall-clock times on
-a shared machine with the load average and steal share; never a pass/fail
-gate on a time.
+job per world, about 10 s each here: two per fault). Prints the tables
+(markdown, as docs/performance.md shows them), writes
+``bench_results/goodput.json`` (after each run) and the SVG (the committed
+samples per second in 10-s bins; goodput beside TorchFT's published figures).
+Wall-clock times on a shared machine with the load average and steal share;
+never a pass/fail gate on a time; the exit status is 1 when a check failed.
 """
 
 from __future__ import annotations
@@ -193,6 +196,23 @@ def step_time(
             done[key] = max(done.get(key, s["t"]), s["t"])
     gaps = [t - done[(r, n - 1)] for (r, n), t in done.items() if (r, n - 1) in done]
     return float(np.median(gaps)) if gaps else None
+
+
+def in_world_pauses(
+    steps: list[dict], t0: float, t1: float, min_gap_s: float = 1.0
+) -> tuple[int, float]:
+    """Gaps over ``min_gap_s`` between consecutive steps of one world in [t0, t1):
+    how many and their seconds. A regroup's pause falls between two worlds and is not
+    counted; what is counted stops a world that had no fault (seen at some epoch starts,
+    with or without faults)."""
+    done: dict[tuple[int, int], float] = {}
+    for s in steps:
+        if t0 <= s["t"] < t1:
+            key = (s["round"], s["step"])
+            done[key] = max(done.get(key, s["t"]), s["t"])
+    gaps = [t - done[(r, n - 1)] for (r, n), t in done.items() if (r, n - 1) in done]
+    long = [g for g in gaps if g > min_gap_s]
+    return len(long), float(sum(long))
 
 
 def goodput(rate: float, fault_free_rate: float) -> float:
@@ -355,6 +375,7 @@ def loss_split(
     base_rate: float,
     workers: int = WORKERS,
     base_step_s: float | None = None,
+    base_pause_share: float = 0.0,
 ) -> dict:
     """The run's lost training time (seconds of fault-free training), by cause.
 
@@ -365,9 +386,10 @@ def loss_split(
     training on fewer ranks (each smaller world's span of steps times its
     missing share of ranks), the machine's pace against the fault-free run's
     (:func:`step_time` here and ``base_step_s`` there: negative when this run's
-    steps were the quicker); the rest is other slower steps (a newcomer's
-    TensorFlow start takes CPU from the ranks). At short periods faults
-    overlap, and a second may be counted twice.
+    steps were the quicker), the pauses inside a world against the fault-free
+    run's share of them (``base_pause_share``, :func:`in_world_pauses`); the rest
+    is other slower steps (a newcomer's TensorFlow start takes CPU from the
+    ranks). At short periods faults overlap, and a second may be counted twice.
     """
     t1 = t0 + window["window_s"]
     inside = [c for c in costs if c["t"] < t1]
@@ -391,8 +413,10 @@ def loss_split(
         else window["window_s"] * (1 - base_step_s / step)
     )
     parts["pace_s"] = pace
+    pauses = in_world_pauses(steps, t0, t1)[1] - base_pause_share * window["window_s"]
+    parts["in_world_pauses_s"] = pauses
     paused = sum(parts[k] for k in ("recovery_s", "lost_work_s", "join_pause_s"))
-    return {"lost_s": lost_s, **parts, "slower_steps_s": lost_s - paused - fewer - pace}
+    return {"lost_s": lost_s, **parts, "slower_steps_s": lost_s - paused - fewer - pace - pauses}
 
 
 # ---------------------------------------------------------------- the job
@@ -627,8 +651,14 @@ def check_job(job: dict, root: Path, epochs: int, replay: bool) -> dict:
 
 # ---------------------------------------------------------------- output
 def summarize(
-    job: dict, base_rate: float | None, window_s: float, base_step_s: float | None = None
+    job: dict,
+    base_rate: float | None,
+    window_s: float,
+    base_step_s: float | None = None,
+    base_clean_rate: float | None = None,
 ) -> dict:
+    """One run's figures; ``base_*``: the fault-free run's rate, step and rate without its
+    pauses inside a world (None: this is the fault-free run)."""
     steps = step_records(job["_files"])
     window = committed_rate(steps, job["t0"], job["t0"] + window_s)
     rate = base_rate or window["committed_per_s"]
@@ -648,8 +678,22 @@ def summarize(
     run["timeline_10s"] = timeline(steps, job["t0"], window_s)
     t1 = job["t0"] + window_s
     run["step_s"] = step_time(steps, world_sizes(job["_lines"]), job["t0"], t1)
+    # the fault-free run's share of its window spent in pauses inside its world
+    clean_rate_share = base_rate / base_clean_rate if base_rate and base_clean_rate else 1.0
+    n_pauses, paused = in_world_pauses(steps, job["t0"], t1)
+    run["in_world_pauses"] = {"n": n_pauses, "s": paused}
+    # the committed rate with those pauses left out, and against the fault-free run's so
+    run["rate_without_pauses"] = window["committed_samples"] / (window_s - paused)
+    clean = base_clean_rate or run["rate_without_pauses"]
+    run["goodput_without_pauses"] = goodput(run["rate_without_pauses"], clean)
+    # the same, with the fault-free rate scaled to this run's steady pace: a cross-check
+    # against a machine whose speed drifted between the runs (others' work beside them)
+    run["goodput_at_own_pace"] = (
+        run["goodput"] * run["step_s"] / base_step_s if base_step_s and run["step_s"] else None
+    )
+    share = (1 - clean_rate_share) if base_clean_rate else 0.0
     run["loss"] = loss_split(
-        window, costs, steps, job["_lines"], job["t0"], rate, base_step_s=base_step_s
+        window, costs, steps, job["_lines"], job["t0"], rate, WORKERS, base_step_s, share
     )
     return run
 
@@ -685,6 +729,7 @@ SPLIT_COLUMNS = (
     ("join pauses", "join_pause_s"),
     ("fewer ranks", "fewer_ranks_s"),
     ("pace against the fault-free run", "pace_s"),
+    ("pauses inside a world, against the fault-free run's", "in_world_pauses_s"),
     ("other slower steps", "slower_steps_s"),
 )
 
@@ -693,20 +738,26 @@ def markdown_tables(runs: list[dict]) -> str:
     """The three tables of docs/performance.md ("Goodput under failures") from the runs."""
     out = [
         "| run (order) | window, s | faults: SIGKILL / frozen / lost worker | committed "
-        "samples/s | goodput | TorchFT (published) | rolled back, samples | recovery p50 / "
-        "p95, s | step of 4 ranks, s | whole-job restarts | load avg | steal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "samples/s | goodput | goodput, pauses inside a world left out | TorchFT (published) "
+        "| rolled back, "
+        "samples | recovery p50 / p95, s | step of 4 ranks, s | pauses over 1 s inside a world "
+        "| whole-job restarts | load avg | steal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         kinds = " / ".join(str(sum(f["kind"] == k for f in r["faults"])) for k in KINDS)
         torchft = TORCHFT.get(r["period_s"])
         steal = "–" if r["steal"] is None else f"{100 * r['steal']:.1f} %"
+        clean = r["goodput_without_pauses"]
+        gaps = r.get("in_world_pauses") or {"n": 0, "s": 0.0}
+        pauses = f"{gaps['n']}: {gaps['s']:.1f} s"
         out.append(
             f"| {_name(r['period_s'])} ({r['order']}) | {r['window']['window_s']:.0f} | {kinds} | "
             f"{r['window']['committed_per_s']:.1f} | {100 * r['goodput']:.1f} % | "
+            f"{_fmt(100 * clean, ' %')} | "
             f"{'' if torchft is None else f'{torchft} %'} | "
             f"{r['window']['rolled_back_samples']} | {_p(r['per_kind']['all']['recovery_s'])} | "
-            f"{_fmt(r['step_s'], digits=3)} | {r['restarts']} | "
+            f"{_fmt(r['step_s'], digits=3)} | {pauses} | {r['restarts']} | "
             f"{r['load_avg_start'][0]:.1f}–{r['load_avg_end'][0]:.1f} | {steal} |"
         )
     head = " | ".join(name for name, _ in COST_COLUMNS)
@@ -733,36 +784,57 @@ def markdown_tables(runs: list[dict]) -> str:
 
 
 def svg(runs: list[dict], path: Path) -> None:
-    """Committed samples per second in 10-s bins over each run's window, with its goodput."""
+    """Committed samples per second in 10-s bins over each run's window, with its goodput;
+    beside it, goodput per period against TorchFT's published figures."""
     from _svg import Series, document, legend, line_chart
 
-    colors = ["#333333", "#1f77b4", "#d62728", "#2ca02c"]
+    colors = ["#333333", "#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     bins = max(len(r["timeline_10s"]) for r in runs)
     series = [
         Series(
-            f"{_name(r['period_s'])}: {100 * r['goodput']:.0f} %",
+            f"{_name(r['period_s'])} ({r['window']['window_s']:.0f} s): {100 * r['goodput']:.1f} %",
             color,
             [*r["timeline_10s"], *[None] * (bins - len(r["timeline_10s"]))],
         )
         for r, color in zip(runs, colors, strict=False)
     ]
-    labels = [str(10 * b) if b % 6 == 0 else "" for b in range(bins)]
+    top = 20 * math.ceil(max(v for r in runs for v in r["timeline_10s"]) * 1.1 / 20)
     parts = line_chart(
         0,
         0,
-        720,
+        560,
         300,
-        title="Committed samples per second (10-s bins) under a fault every P seconds",
-        x_labels=labels,
+        title="Committed samples per second, 10-s bins",
+        x_labels=[f"{10 * b} s" if b % 6 == 0 else "" for b in range(bins)],
         y_label="samples/s",
         series=series,
         log_y=False,
+        y_range=(0, top),
     )
-    parts += legend(70, 320, series, 2, 300)
+    faulty = sorted((r for r in runs if r["period_s"] is not None), key=lambda r: -r["period_s"])
+    if faulty:
+        ours = Series("hvdkit, measured", "#1f77b4", [100 * r["goodput"] for r in faulty])
+        theirs = [TORCHFT.get(r["period_s"]) for r in faulty]
+        versus = [ours, Series("TorchFT, published", "#ff7f0e", theirs, dash=True)]
+        parts += line_chart(
+            570,
+            0,
+            250,
+            300,
+            title="Goodput, %",
+            x_labels=[f"1 per {r['period_s']:g} s" for r in faulty],
+            y_label="% of the fault-free rate",
+            series=versus,
+            log_y=False,
+            y_range=(0, 100),
+        )
+        parts += legend(640, 320, versus, 1, 160)
+    parts += legend(70, 320, series, 1, 300)
     note = (
-        f"4 workers on {os.cpu_count()} cores, Gloo, in-process recovery, stall timeout {STALL_S} s"
+        f"{WORKERS} workers on {os.cpu_count()} cores, Gloo, in-process recovery, "
+        f"stall timeout {STALL_S} s: benchmarks/goodput.py"
     )
-    path.write_text(document(740, 370, parts, footnote=note))
+    path.write_text(document(830, 350 + 16 * len(series), parts, footnote=note))
 
 
 def _stop_like_ctrl_c(signum, frame) -> None:
@@ -808,16 +880,17 @@ def main() -> None:
         top = args.keep or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="hvdkit-goodput-"))
         )
-        base_rate = base_step = None
+        base_rate = base_step = base_clean = None
         for i, (period, win) in enumerate(plan):
             name = "no faults" if period is None else f"1 fault per {period:g} s"
             print(f"run {i + 1}: {name}, window {win:.0f} s, {epochs} epochs", flush=True)
             job = run_job(top / f"run{i + 1}", period, args.seed, win, epochs, args.step_sleep)
             job["checks"] = check_job(job, top / f"run{i + 1}", epochs, not args.no_replay)
-            run = summarize(job, base_rate, win, base_step)
+            run = summarize(job, base_rate, win, base_step, base_clean)
             run["order"], run["checks"] = i + 1, job["checks"]
             if base_rate is None:
                 base_rate, base_step = run["window"]["committed_per_s"], run["step_s"]
+                base_clean = run["rate_without_pauses"]
             runs.append(run)
             print(
                 f"  exit {job['exit']}, {run['window']['committed_per_s']:.1f} samples/s, "

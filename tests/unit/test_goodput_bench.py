@@ -168,11 +168,20 @@ def test_the_percentiles_and_the_split_of_the_lost_time():
         "join_pause_s": 3.0,
         "fewer_ranks_s": 1.0,
         "pace_s": 0.0,
+        "in_world_pauses_s": 0.0,
         "slower_steps_s": 0.0,
     }
+    # gaps inside a world: none of 1.5 s; of 0.5 s, the 6 of round 0 and the 2 of round 1
+    assert gp.in_world_pauses(steps, 0.0, 16.0, 1.5) == (0, 0.0)
+    assert gp.in_world_pauses(steps, 0.0, 16.0, 0.5) == (8, 8.0)
     # the machine's pace: a step a second in the whole worlds (round 2 has one step only)
     assert gp.step_time(steps, gp.world_sizes(LINES, 2), 0.0, 16.0, workers=2) == 1.0
     # against a fault-free run whose steps took 0.8 s, 16 * (1 - 0.8) s of the loss is pace
     paced = gp.loss_split(window, costs, steps, LINES, 0.0, 2.0, workers=2, base_step_s=0.8)
     assert paced["pace_s"] == pytest.approx(3.2)
     assert paced["slower_steps_s"] == pytest.approx(-3.2)
+    # a fault-free run that spent a tenth of its window in pauses inside its world: this
+    # one, with none over 1 s, gained 1.6 s of its 16 by that
+    paused = gp.loss_split(window, costs, steps, LINES, 0.0, 2.0, 2, None, 0.1)
+    assert paused["in_world_pauses_s"] == pytest.approx(-1.6)
+    assert paused["slower_steps_s"] == pytest.approx(1.6)
