@@ -1,5 +1,6 @@
-"""benchmarks/goodput.py's pure parts: the fault schedule by seed, and the arithmetic of
-committed samples, lost work and each fault's times from a small record fixture.
+"""benchmarks/goodput.py's pure parts (benchmarks/goodput_records.py): the fault schedule
+by seed, and the arithmetic of committed samples, lost work and each fault's times from a
+small record fixture.
 
 The fixture: 2 ranks train steps 1-7 in round 0 (one sample id per rank and step,
 one step a second, a commit at step 5); rank 1 is killed at t = 7.5; the scheduler
@@ -19,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import goodput as gp
+import goodput_records as gp
 
 
 def step(epoch: int, s: int, rank: int, rnd: int, t: float) -> dict:
