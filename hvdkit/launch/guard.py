@@ -56,7 +56,7 @@ _HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
 
 MAX_VALUE_BYTES = 1 << 20  # Gloo stores addresses and small blobs per rank
 MAX_KEYS = 1 << 16  # keys stored at once: a few per rank
-MAX_STORED_BYTES = 1 << 28  # all values together
+MAX_STORED_BYTES = 1 << 30  # all values together (a scope of 1,000 ranks: 136 MB of addresses)
 MAX_CONNECTIONS = 64  # requests served at once, besides the mesh reads that wait
 # A connection beyond MAX_CONNECTIONS waits this long for a slot before it is refused
 # (the next ones wait in the listen backlog meanwhile): every rank of a world sends its
@@ -378,8 +378,16 @@ class GuardedHandler(_HorovodHandler):
             self.server.mesh.published(scope, key)
 
     def do_DELETE(self):
-        super().do_DELETE()
         _, scope, key = self.path.split("/")
+        if key.isdigit():
+            # Rank <key> is done (Horovod's Finalize, after the barrier that follows every
+            # pair's connect: every rank of the scope has had its mesh answer). Its value
+            # goes now: in a scope Horovod's server does not know (a process set's), nothing
+            # else would remove it, and at 1,000 ranks a scope's values are 136 MB.
+            with self.server.cache_lock:
+                self.server.cache.get(scope, {}).pop(f"{ADDRESSES_KEY}{key}", None)
+            self.server.mesh.forget(scope, f"{ADDRESSES_KEY}{key}")
+        super().do_DELETE()
         with self.server.cache_lock:
             values = self.server.cache.get(scope)
             cleared, removed = not values, key not in (values or {})
@@ -449,7 +457,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
         """``(keys, bytes)`` in the store now (bounded by :data:`MAX_KEYS`, so cheap)."""
         with self.cache_lock:
             scopes = list(self.cache.values())
-            return sum(len(s) for s in scopes), sum(len(v) for s in scopes for v in s.values())
+            return sum(map(len, scopes)), sum(sum(map(len, s.values())) for s in scopes)
 
     def process_request(self, request, client_address):
         with self._load:

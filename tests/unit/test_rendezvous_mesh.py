@@ -7,13 +7,18 @@ its n - 1 address slices, then one mesh read returns the slices meant for it.
 from __future__ import annotations
 
 import http.client
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from listener_targets import wait_for
 
 from hvdkit.launch import guard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import rendezvous as bench  # benchmarks/rendezvous.py
 
 SLICE = 6  # bytes of one simulated pair address (Gloo's TCP address is 136)
 
@@ -67,7 +72,7 @@ def test_mesh_answer_gives_every_reader_the_slices_meant_for_it():
     for r in range(n):
         got = guard.mesh_answer(values, r, n)
         assert got == expected(r, n, hosts), r
-        assert len(got) == 2 + (n - 1) * 6
+        assert len(got) == 2 + (n - 1) * SLICE
     assert [guard.mesh_answer(values, r, n)[:2] for r in range(n)] == [
         b"0\n",
         b"0\n",
@@ -223,3 +228,38 @@ def test_a_scope_horovod_clears_is_forgotten_and_can_meet_again(server):
     for r in range(n):
         publish(port, "global", r, n, hosts)
     assert read(port, "global", 1, n) == (200, expected(1, n, hosts))
+
+
+@pytest.mark.parametrize("pattern", bench.PATTERNS)
+def test_a_simulated_world_of_16_forms_with_exactly_the_requests_its_pattern_needs(pattern):
+    """benchmarks/rendezvous.py at 16 ranks (8 a host), the rank threads in this process:
+    every rank through its six scopes (global 16, local 8 and 8, cross 2 x 8, twice), each
+    answer checked byte for byte, the local ranks right, nothing refused or retried."""
+    r = bench.measure(16, 8, cap_s=120.0, pattern=pattern, apart=False)
+    assert (r["complete"], r["ranks_done"], r["ranks_failed"], r["ranks_cut"]) == (True, 16, 0, 0)
+    assert (r["retried"], r["refusals"]) == (0, {})
+    if pattern == "hvdkit":
+        # a probe a rank, then 3 requests a rank a scope: O(N)
+        assert r["requests"] == r["least_requests"] == 16 + 2 * 3 * (16 + 16 + 16)
+        assert r["bytes_read"] == r["least_bytes"]
+        assert r["local_ranks_right"] is True
+    else:  # polls come on top of the least
+        assert r["requests"] >= r["least_requests"] == 2 * 1528
+        assert r["bytes_read"] >= r["least_bytes"]
+
+
+def test_a_rank_done_takes_its_value_away_in_a_scope_horovod_does_not_know(server):
+    # a process set's scopes ("global_process_set_hash_...") are not in Horovod's plan:
+    # its server deletes only the key named, so the guard removes the rank's value with it
+    srv, port = server
+    scope, n, hosts = "global_process_set_hash_7d48", 3, [b"h"] * 3
+    for r in range(n):
+        publish(port, scope, r, n, hosts)
+    assert read(port, scope, 2, n) == (200, expected(2, n, hosts))
+    assert request(port, "DELETE", f"/{scope}/1")[0] == 200
+    assert sorted(srv.httpd.cache[scope]) == [f"{guard.ADDRESSES_KEY}0", f"{guard.ADDRESSES_KEY}2"]
+    for r in (0, 2):
+        assert request(port, "DELETE", f"/{scope}/{r}")[0] == 200
+    assert scope not in srv.httpd.cache
+    assert srv.httpd.stored() == (0, 0)
+    assert read(port, scope, 0, n, wait_ms=0) == (404, b"missing 0,1,2")
