@@ -56,6 +56,7 @@ never a pass/fail gate on a time; the exit status is 1 when a check failed.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
@@ -100,7 +101,7 @@ RESTART = re.compile(r"scheduler: restart \d+/")
 
 # ---------------------------------------------------------------- the job
 def _harness():
-    """The suite's job and checks (imported here: the pure parts above need none of it)."""
+    """The suite's job and checks (imported when a job runs: ``--from`` needs none of it)."""
     sys.path.insert(0, str(REPO / "tests"))
     import test_elastic_mp
     import test_phases_mp
@@ -300,8 +301,6 @@ def _end_everything(run: Run) -> None:
 def check_job(job: dict, root: Path, epochs: int, replay: bool) -> dict:
     """The suite's checks of the job: exit 0, each sample once per epoch, a replay's weights."""
     elastic, phases = _harness()
-    import collections
-
     checks: dict = {"exit_0": job["exit"] == 0}
     ids = elastic.trained_ids(job["_out"])
     checks["every_epoch"] = sorted(ids) == list(range(epochs))
