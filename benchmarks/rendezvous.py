@@ -64,7 +64,7 @@ from collections import Counter
 from _common import REPO, steal_share, write_results
 
 sys.path.insert(0, str(REPO))
-from hvdkit.launch import guard
+from hvdkit.launch import mesh
 from hvdkit.launch.scheduler import Scheduler, layout_for
 from hvdkit.launch.transport import cpu_ticks
 
@@ -154,10 +154,10 @@ def address(i: int, j: int) -> bytes:
 def scope_hvdkit(c: Client, name: str, r: int, n: int, deadline: float, host: str) -> None:
     """The requests of rank ``r`` in one scope of ``n`` ranks, hvdkit's batched mesh."""
     mine = host.encode() + b"\n" + b"".join(address(r, j) for j in range(n) if j != r)
-    c.request("PUT", f"/{name}/{guard.ADDRESSES_KEY}{r}", mine)
+    c.request("PUT", f"/{name}/{mesh.ADDRESSES_KEY}{r}", mine)
     while True:
         wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        status, data = c.request("GET", f"/{name}/{guard.MESH_KEY}{r}?size={n}&wait_ms={wait_ms}")
+        status, data = c.request("GET", f"/{name}/{mesh.MESH_KEY}{r}?size={n}&wait_ms={wait_ms}")
         if status == 200:
             break
         if time.monotonic() > deadline:
@@ -239,8 +239,8 @@ def run_ranks(port: int, slots: list[dict], pattern: str, cap_s: float, start, o
         host, local_rank = slot["hostname"], slot["local_rank"]
         try:
             if pattern == "hvdkit":
-                _, probe = c.request("GET", f"/global/{guard.MESH_PROBE_KEY}")
-                if probe != guard.MESH_PROTOCOL:
+                _, probe = c.request("GET", f"/global/{mesh.MESH_PROBE_KEY}")
+                if probe != mesh.MESH_PROTOCOL:
                     raise Failed(f"the server does not answer the batched mesh: {probe[:40]!r}")
             for suffix in ("", PROCESS_SET):
                 one_scope(c, f"global{suffix}", slot["rank"], slot["size"], deadline, host)
@@ -306,7 +306,7 @@ def measure(
     server.stop()
     least = [least_requests(p, pattern) for p in 2 * scope_sizes(n, per_host)]
     if pattern == "hvdkit":  # each rank's probe
-        least.append((n, n * len(guard.MESH_PROTOCOL)))
+        least.append((n, n * len(mesh.MESH_PROTOCOL)))
     need, bytes_need = sum(r for r, _ in least), sum(b for _, b in least)
     read = stats["bytes_read"]
     bytes_left = bytes_need / read if read > bytes_need / 100 else 0.0

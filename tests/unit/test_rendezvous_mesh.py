@@ -1,4 +1,4 @@
-"""hvdkit's batched Gloo full mesh on its rendezvous server (launch/guard.py).
+"""hvdkit's batched Gloo full mesh on its rendezvous server (launch/mesh.py, launch/guard.py).
 
 A real server on loopback, threads as ranks: each rank PUTs its host line and
 its n - 1 address slices, then one mesh read returns the slices meant for it.
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from listener_targets import wait_for
 
-from hvdkit.launch import guard
+from hvdkit.launch import guard, mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import rendezvous as bench  # benchmarks/rendezvous.py
@@ -49,11 +49,11 @@ def request(port, method, path, body=None):
 
 
 def read(port, scope, r, n, wait_ms=60_000):
-    return request(port, "GET", f"/{scope}/{guard.MESH_KEY}{r}?size={n}&wait_ms={wait_ms}")
+    return request(port, "GET", f"/{scope}/{mesh.MESH_KEY}{r}?size={n}&wait_ms={wait_ms}")
 
 
 def publish(port, scope, r, n, hosts):
-    status, _ = request(port, "PUT", f"/{scope}/{guard.ADDRESSES_KEY}{r}", value(r, n, hosts[r]))
+    status, _ = request(port, "PUT", f"/{scope}/{mesh.ADDRESSES_KEY}{r}", value(r, n, hosts[r]))
     assert status == 200
 
 
@@ -70,10 +70,10 @@ def test_mesh_answer_gives_every_reader_the_slices_meant_for_it():
     hosts = [b"a", b"b", b"a", b"a", b"b"]
     values = {i: value(i, n, hosts[i]) for i in range(n)}
     for r in range(n):
-        got = guard.mesh_answer(values, r, n)
+        got = mesh.mesh_answer(values, r, n)
         assert got == expected(r, n, hosts), r
         assert len(got) == 2 + (n - 1) * SLICE
-    assert [guard.mesh_answer(values, r, n)[:2] for r in range(n)] == [
+    assert [mesh.mesh_answer(values, r, n)[:2] for r in range(n)] == [
         b"0\n",
         b"0\n",
         b"1\n",
@@ -82,8 +82,8 @@ def test_mesh_answer_gives_every_reader_the_slices_meant_for_it():
     ]
     # the docstring's example
     three = {0: b"a\n0>10>2", 1: b"a\n1>01>2", 2: b"b\n2>02>1"}
-    assert guard.mesh_answer(three, 1, 3) == b"1\n0>12>1"
-    assert guard.mesh_answer({0: b"h\n"}, 0, 1) == b"0\n"  # a scope of one: no peers
+    assert mesh.mesh_answer(three, 1, 3) == b"1\n0>12>1"
+    assert mesh.mesh_answer({0: b"h\n"}, 0, 1) == b"0\n"  # a scope of one: no peers
 
 
 @pytest.mark.parametrize(
@@ -94,20 +94,20 @@ def test_mesh_answer_refuses_a_value_that_does_not_split(bad, why):
     values = {i: value(i, 3, b"h") for i in range(3)}
     values[2] = bad
     with pytest.raises(ValueError, match=why):
-        guard.mesh_answer(values, 0, 3)
+        mesh.mesh_answer(values, 0, 3)
 
 
 def test_the_probe_tells_hvdkits_server_from_horovods(server):
     from horovod.runner.http.http_server import RendezvousServer
 
     _, port = server
-    assert request(port, "GET", f"/global/{guard.MESH_PROBE_KEY}") == (200, guard.MESH_PROTOCOL)
-    assert request(port, "GET", f"/local_host0/{guard.MESH_PROBE_KEY}")[0] == 200
+    assert request(port, "GET", f"/global/{mesh.MESH_PROBE_KEY}") == (200, mesh.MESH_PROTOCOL)
+    assert request(port, "GET", f"/local_host0/{mesh.MESH_PROBE_KEY}")[0] == 200
     horovods = RendezvousServer()
     hport = horovods.start()
     try:
         # Horovod's own server does not know the key: a patched rank keeps Gloo's exchange
-        assert request(hport, "GET", f"/global/{guard.MESH_PROBE_KEY}")[0] == 404
+        assert request(hport, "GET", f"/global/{mesh.MESH_PROBE_KEY}")[0] == 404
     finally:
         horovods.stop()
 
@@ -189,11 +189,11 @@ def test_more_waiting_reads_than_allowed_are_answered_at_once(server, monkeypatc
 @pytest.mark.parametrize(
     "key",
     [
-        f"{guard.MESH_KEY}2?size=2&wait_ms=0",  # rank not below size
-        f"{guard.MESH_KEY}x?size=2&wait_ms=0",
-        f"{guard.MESH_KEY}0?size=2",
-        f"{guard.MESH_KEY}0?size=2&wait_ms=-1",
-        f"{guard.MESH_KEY}0?size=2&wait_ms=1&wait_ms=2",
+        f"{mesh.MESH_KEY}2?size=2&wait_ms=0",  # rank not below size
+        f"{mesh.MESH_KEY}x?size=2&wait_ms=0",
+        f"{mesh.MESH_KEY}0?size=2",
+        f"{mesh.MESH_KEY}0?size=2&wait_ms=-1",
+        f"{mesh.MESH_KEY}0?size=2&wait_ms=1&wait_ms=2",
     ],
 )
 def test_a_malformed_mesh_read_is_refused(server, key):
@@ -204,9 +204,9 @@ def test_a_malformed_mesh_read_is_refused(server, key):
 
 def test_a_value_of_the_wrong_shape_is_refused_to_its_readers(server):
     srv, port = server
-    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}0", value(0, 3, b"h"))
-    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}1", value(1, 3, b"h"))
-    request(port, "PUT", f"/global/{guard.ADDRESSES_KEY}2", b"h\n1234567")  # 7 bytes for 2 peers
+    request(port, "PUT", f"/global/{mesh.ADDRESSES_KEY}0", value(0, 3, b"h"))
+    request(port, "PUT", f"/global/{mesh.ADDRESSES_KEY}1", value(1, 3, b"h"))
+    request(port, "PUT", f"/global/{mesh.ADDRESSES_KEY}2", b"h\n1234567")  # 7 bytes for 2 peers
     assert read(port, "global", 0, 3)[0] == 400
     assert dict(srv.httpd.refusals) == {guard.BAD_VALUE: 1}
 
@@ -257,7 +257,7 @@ def test_a_rank_done_takes_its_value_away_in_a_scope_horovod_does_not_know(serve
         publish(port, scope, r, n, hosts)
     assert read(port, scope, 2, n) == (200, expected(2, n, hosts))
     assert request(port, "DELETE", f"/{scope}/1")[0] == 200
-    assert sorted(srv.httpd.cache[scope]) == [f"{guard.ADDRESSES_KEY}0", f"{guard.ADDRESSES_KEY}2"]
+    assert sorted(srv.httpd.cache[scope]) == [f"{mesh.ADDRESSES_KEY}0", f"{mesh.ADDRESSES_KEY}2"]
     for r in (0, 2):
         assert request(port, "DELETE", f"/{scope}/{r}")[0] == 200
     assert scope not in srv.httpd.cache
