@@ -156,6 +156,7 @@ def test_a_read_that_ends_before_all_came_names_the_missing_ranks(server):
 def test_waiting_reads_do_not_take_the_connection_slots(server, monkeypatch):
     srv, port = server
     monkeypatch.setattr(guard, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(guard, "ADMIT_WAIT_S", 60.0)  # a burst waits for a slot, however loaded
     n = 9
     hosts = [b"h"] * n
     answers = {}
