@@ -203,7 +203,8 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
     in-process", no whole-job restart; exit 0, every sample of every epoch once, and
     final weights equal to a fault-free job of 2 ranks. With the rank frozen, both
     others' starts fail in the wait for every rank before any Gloo pair connects
-    (hvdkit's Horovod patch ``gloo-all-here-before-connect``)."""
+    (through hvdkit's rendezvous server the mesh read of hvdkit's Horovod patch
+    ``gloo-batched-mesh``, with the message of ``gloo-all-here-before-connect``)."""
     root = tmp_path / "job"
     hook = root / "hook"
     hook.mkdir(parents=True)
