@@ -138,7 +138,7 @@ def in_world_pauses(
 ) -> tuple[int, float]:
     """Gaps over ``min_gap_s`` between consecutive steps of one world in [t0, t1):
     how many and their seconds. A regroup's pause falls between two worlds and is not
-    counted; what is counted stops a world that had no fault (seen at some epoch starts,
+    counted; what is counted stops a world that had no fault (seen as some epochs end,
     with or without faults)."""
     done: dict[tuple[int, int], float] = {}
     for s in steps:
