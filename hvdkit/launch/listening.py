@@ -3,8 +3,8 @@
 The scheduler holds one kept-alive :class:`~hvdkit.launch.protocol.Channel`
 per worker, and each worker sends a keep-alive every second. With a reading
 thread per channel, 1,000 workers meant 1,000 threads waking every second:
-about 9 % of a core in thread wake-ups and GIL hand-overs alone
-(benchmarks/control_plane.py). A :class:`Listener` waits on all the sockets
+9–28 % of a core more than with this one thread, in thread wake-ups and GIL
+hand-overs (benchmarks/control_plane.py ``--compare``). A :class:`Listener` waits on all the sockets
 at once (:mod:`selectors`: epoll on Linux) and reads only those with bytes;
 a peer silent for the silence limit is found by a look over every channel
 once per :data:`LOOK_EVERY_S`, not by a timer per channel.
