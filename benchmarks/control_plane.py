@@ -166,7 +166,7 @@ class ThreadPerChannel:
     :class:`~hvdkit.launch.protocol.Silent` after the silence limit.
     """
 
-    def __init__(self, silence_s, heard, ended):
+    def __init__(self, heard, ended):
         self.heard, self.ended = heard, ended
 
     def add(self, channel, who) -> None:

@@ -6,10 +6,12 @@ thread per channel, 1,000 workers meant 1,000 threads waking every second:
 9–28 % of a core more than with this one thread, in thread wake-ups and GIL
 hand-overs (benchmarks/control_plane.py ``--compare``). A :class:`Listener` waits on all the sockets
 at once (:mod:`selectors`: epoll on Linux) and reads only those with bytes;
-a peer silent for the silence limit is found by a look over every channel
-once per :data:`LOOK_EVERY_S`, not by a timer per channel.
+a peer silent for its channel's silence limit (:meth:`~hvdkit.launch.protocol.Channel.keep_alive`)
+is found by a look over every channel once per :data:`LOOK_EVERY_S`, not by a timer per
+channel.
 
-    listener = Listener(silence_s=10.0, heard=on_message, ended=on_end)
+    listener = Listener(heard=on_message, ended=on_end)
+    channel.keep_alive(10.0)                  # its silence limit
     listener.add(channel, who=registration)   # from any thread
     # heard(registration, {"type": "exit", ...}) and, once, ended(registration, why)
     # run on the listener's thread, in the order the bytes came.
@@ -25,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .protocol import Channel, Silent
+from .protocol import Channel
 
 log = logging.getLogger("hvdkit.protocol")
 LOOK_EVERY_S = 1.0  # how often the silence of every channel (and a close elsewhere) is checked
@@ -38,18 +40,19 @@ class Listener:
     (keep-alives are not messages); ``ended(who, error)`` is called once per
     channel when it is over: ``error`` is ``None`` when the peer closed the
     connection or it broke or was closed here, a :class:`~protocol.Silent`
-    when the peer sent nothing for ``silence_s``. Both run on the listener's
+    when the peer sent nothing for the silence limit of its channel's
+    :meth:`~protocol.Channel.keep_alive` (a channel without one is never
+    silent). Both run on the listener's
     thread and must be quick (a queue put); an exception in either is logged
     and the listener goes on.
     """
 
     def __init__(
         self,
-        silence_s: float,
         heard: Callable[[object, dict], None],
         ended: Callable[[object, Exception | None], None],
     ):
-        self.silence_s, self._heard, self._ended = silence_s, heard, ended
+        self._heard, self._ended = heard, ended
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -142,17 +145,13 @@ class Listener:
             self._forget(sock, channel, who)
 
     def _look(self) -> None:
-        """End the channels silent for the silence limit, and those closed elsewhere."""
+        """End the channels silent for their silence limit, and those closed elsewhere."""
         now = time.monotonic()
         for channel, who in list(self._channels.items()):
             if channel.closed:
                 self._forget(channel.sock, channel, who)
-            elif now - channel.heard_at > self.silence_s:
-                error = Silent(
-                    f"nothing from {channel.peer} for {self.silence_s:g} s, not even a keep-alive"
-                )
+            elif (error := channel.silence(now)) is not None:
                 self._forget(channel.sock, channel, who, error)
-                channel.close()  # if the network comes back, the peer learns it is out
 
     def _forget(self, sock, channel: Channel, who: object, error: Exception | None = None) -> None:
         if self._channels.pop(channel, None) is None:

@@ -259,11 +259,7 @@ class Channel:
                 line = self.recv_line(until)
             except TimeoutError:
                 if silent_at is not None and until == silent_at:
-                    self.close()
-                    raise Silent(
-                        f"nothing from {auth.where(self.peer)} for {self._silence_s:g} s, "
-                        "not even a keep-alive"
-                    ) from None
+                    raise self._given_up_as_silent() from None
                 raise
             if line is None:
                 return None
@@ -273,6 +269,22 @@ class Channel:
                     silent_at = max(silent_at, self.heard_at + self._silence_s)
                 continue
             return msg
+
+    def silence(self, now: float) -> Silent | None:
+        """After :meth:`keep_alive`: once the peer has sent no authentic line for the silence
+        limit, the channel is closed and the :class:`Silent` error returned; else None.
+
+        For a reader that does not wait in :meth:`recv` (which raises it itself).
+        """
+        if self._silence_s is None or now - self.heard_at <= self._silence_s:
+            return None
+        return self._given_up_as_silent()
+
+    def _given_up_as_silent(self) -> Silent:
+        self.close()  # if the network comes back, the peer learns it is out
+        return Silent(
+            f"nothing from {auth.where(self.peer)} for {self._silence_s:g} s, not even a keep-alive"
+        )
 
     def read_ready(self) -> tuple[list[dict], bool]:
         """What the socket holds now, read without waiting: ``(messages, ended)``.

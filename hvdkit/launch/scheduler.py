@@ -122,7 +122,7 @@ class Scheduler:
         self._servers_in_use: list = []  # an earlier round's rendezvous, still needed
         self.host, self.port = host, port
         # one thread reads every worker's channel (before the door admits anyone)
-        self.listener = Listener(self.silence_s, self._heard, self._ended)
+        self.listener = Listener(self._heard, self._ended)
         self.door = _Door(host, port, worker_num, token, self._registered)
         # the workers' word, as rounds.Report, and SIGNALLED (a SimpleQueue's put is reentrant:
         # the SIGTERM handler can put while the main thread is inside a get)

@@ -56,7 +56,7 @@ class Heard:
 @pytest.fixture
 def ear():
     heard = Heard()
-    listener = Listener(60.0, heard.heard, heard.ended)
+    listener = Listener(heard.heard, heard.ended)
     yield listener, heard
     listener.close()
 
@@ -124,9 +124,11 @@ def test_forged_lines_are_dropped_and_too_many_end_the_channel(ear):
 def test_a_silent_peer_is_ended_as_silent_and_its_channel_closed(monkeypatch):
     monkeypatch.setattr(listening, "LOOK_EVERY_S", 0.05)
     heard = Heard()
-    listener = Listener(0.2, heard.heard, heard.ended)
+    listener = Listener(heard.heard, heard.ended)
     try:
-        s, _w = added(listener, "quiet")
+        s, _w = pair()
+        s.keep_alive(0.2)  # the channel's silence limit is the listener's
+        listener.add(s, "quiet")
         kind, who, error = heard.next()
         assert (kind, who, type(error)) == ("ended", "quiet", protocol.Silent)
         assert "for 0.2 s, not even a keep-alive" in str(error)
@@ -160,7 +162,7 @@ def test_a_failing_callback_is_logged_and_the_listener_goes_on(caplog):
             raise RuntimeError("boom")
 
     done = threading.Event()
-    listener = Listener(60.0, heard, lambda who, error: done.set())
+    listener = Listener(heard, lambda who, error: done.set())
     try:
         _, w = added(listener)
         w.send(type="ready", round=0)
@@ -188,7 +190,7 @@ def test_many_channels_one_thread(ear):
 
 def test_close_ends_the_thread_and_leaves_the_channels_open():
     heard = Heard()
-    listener = Listener(60.0, heard.heard, heard.ended)
+    listener = Listener(heard.heard, heard.ended)
     s, w = added(listener)
     listener.close()
     assert not listener._thread.is_alive()
