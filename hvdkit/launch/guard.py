@@ -57,9 +57,10 @@ from .mesh import (
     MESH_PROTOCOL,
     MESH_WAIT_CAP_S,
     MeshBoard,
-    mesh_answer,
+    MeshGrid,
     mesh_query,
 )
+from .store import Store
 
 log = logging.getLogger("hvdkit.rendezvous")
 _HorovodHTTPServer, _HorovodHandler = _compat.horovod_rendezvous_classes()
@@ -245,26 +246,56 @@ class GuardedHandler(_HorovodHandler):
                 server.mesh.wait(scope, n, min(wait_s, MESH_WAIT_CAP_S))
             finally:
                 server.unpark()
-        with server.cache_lock:
-            stored = server.cache.get(scope, {})
-            values = {i: stored.get(f"{ADDRESSES_KEY}{i}") for i in range(n)}
-        missing = [i for i, v in values.items() if v is None]
-        if missing:
-            # "not yet": a 404, which Horovod's store returns to its caller without retries
-            self._answer(404, b"missing " + ",".join(map(str, missing)).encode())
-            return
         try:
-            answer = mesh_answer(values, rank, n)
+            grid = self._mesh_grid(scope, n)
         except ValueError as exc:
             self._reject(400, BAD_VALUE, f"scope {scope[:40]!r}: {exc}")
             return
-        self._answer(200, answer)
+        if isinstance(grid, list):
+            # "not yet": a 404, which Horovod's store returns to its caller without retries
+            self._answer(404, b"missing " + ",".join(map(str, grid)).encode())
+            return
+        self.wfile.write(grid.answer(rank, head=self._head(200, grid.length(rank))))
+
+    def _mesh_grid(self, scope: str, n: int) -> MeshGrid | list[int]:
+        """The parsed values of ``scope``'s ``n`` ranks, or the ranks whose value is missing.
+
+        The ``n`` readers of a scope, woken together, find the grid the first of them
+        parsed (:class:`.mesh.MeshBoard`), while the scope is as it was parsed.
+        """
+        server, board = self.server, self.server.mesh
+        grid = board.cached(scope, n, server.cache.version(scope))
+        if grid is not None:
+            return grid
+        with board.building:
+            with server.cache_lock:
+                version = server.cache.version(scope)
+                grid = board.cached(scope, n, version)
+                if grid is not None:
+                    return grid
+                stored = server.cache.get(scope, {})
+                values = [stored.get(f"{ADDRESSES_KEY}{i}") for i in range(n)]
+            missing = [i for i, value in enumerate(values) if value is None]
+            if missing:
+                return missing
+            grid = MeshGrid(values)  # parsed outside the store's lock: PUTs go on meanwhile
+            with server.cache_lock:
+                if server.cache.version(scope) == version:  # else a later reader parses again
+                    board.keep(scope, n, version, grid)
+        return grid
+
+    def _head(self, status: int, length: int) -> bytes:
+        """The status line and headers of an answer of ``length`` bytes (as send_response's)."""
+        self.log_request(status, length)
+        return (
+            f"{self.protocol_version} {status} {self.responses[status][0]}\r\n"
+            f"Server: {self.version_string()}\r\nDate: {self.date_time_string()}\r\n"
+            f"Content-Length: {length}\r\n\r\n"
+        ).encode("latin-1")
 
     def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # one write: headers and body apart were two socket writes (and two TCP segments)
+        self.wfile.write(self._head(status, len(body)) + body)
 
     def _put_value(self, scope, key, value):
         super()._put_value(scope, key, value)
@@ -319,6 +350,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
         self._busy = 0  # requests being served, besides those parked in a mesh wait
         self._waiting = 0  # mesh reads parked
         super().__init__(address, GuardedHandler, verbose)
+        self.cache = Store()  # Horovod's dict of scopes, its keys and bytes counted as they change
         self.deadlines = _Deadlines()
 
     def server_close(self) -> None:
@@ -348,10 +380,8 @@ class GuardedHTTPServer(_HorovodHTTPServer):
         return address in self.allowed
 
     def stored(self) -> tuple[int, int]:
-        """``(keys, bytes)`` in the store now (bounded by :data:`MAX_KEYS`, so cheap)."""
-        with self.cache_lock:
-            scopes = list(self.cache.values())
-            return sum(map(len, scopes)), sum(sum(map(len, s.values())) for s in scopes)
+        """``(keys, bytes)`` in the store now (counted as it changes: O(1))."""
+        return self.cache.keys_held, self.cache.bytes_held
 
     def process_request(self, request, client_address):
         with self._load:

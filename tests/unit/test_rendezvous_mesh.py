@@ -264,3 +264,137 @@ def test_a_rank_done_takes_its_value_away_in_a_scope_horovod_does_not_know(serve
     assert scope not in srv.httpd.cache
     assert srv.httpd.stored() == (0, 0)
     assert read(port, scope, 0, n, wait_ms=0) == (404, b"missing 0,1,2")
+
+
+def other_address(i: int, j: int) -> bytes:
+    """A second address of rank i for j (a retry's new value): as long, and told apart."""
+    return b"%02d<%02d;" % (i, j)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+def test_the_grid_gives_every_reader_the_slices_built_from_the_values(n):
+    # host names of unequal lengths, ranks of one host not next to each other
+    names = [b"a", b"host-bb", b"c.example.org"]
+    hosts = [names[(i * 5) % 3] for i in range(n)]
+    grid = mesh.MeshGrid([value(i, n, hosts[i]) for i in range(n)])
+    for r in range(n):
+        want = expected(r, n, hosts)
+        assert bytes(grid.answer(r)) == want, r
+        assert grid.length(r) == len(want) == len(b"%d\n" % grid.local_ranks[r]) + (n - 1) * SLICE
+        assert bytes(grid.answer(r, head=b"HTTP head\r\n\r\n")) == b"HTTP head\r\n\r\n" + want
+    assert grid.local_ranks == [sum(h == hosts[r] for h in hosts[:r]) for r in range(n)]
+    assert grid.nbytes == n * (n - 1) * SLICE
+
+
+def test_the_grid_answers_slices_of_unequal_sizes_as_each_rank_cut_them():
+    # rank i's slices are i + 1 bytes long: legal for mesh_answer, not one array
+    n = 4
+    slices = {(i, j): bytes([65 + i]) * (i + 1) for i in range(n) for j in range(n) if i != j}
+    values = [b"h%d\n" % (i % 2) + b"".join(slices[i, j] for j in range(n) if j != i)
+              for i in range(n)]  # fmt: skip
+    grid = mesh.MeshGrid(values)
+    for r in range(n):
+        want = b"%d\n" % (r // 2) + b"".join(slices[i, r] for i in range(n) if i != r)
+        assert (bytes(grid.answer(r)), grid.length(r)) == (want, len(want)), r
+
+
+@pytest.mark.parametrize("bad", [b"no host line", b"a\n12345"])
+def test_the_grid_refuses_a_value_that_does_not_split_naming_its_rank(bad):
+    values = [value(i, 3, b"h") for i in range(3)]
+    values[1] = bad
+    with pytest.raises(ValueError, match=f"rank 1's value \\({len(bad)} bytes\\)"):
+        mesh.MeshGrid(values)
+
+
+def test_a_retry_put_is_answered_with_its_newest_value_and_the_parse_is_kept_once(server):
+    srv, port = server
+    n, hosts = 4, [b"h0", b"h0", b"h1", b"host-1"]
+    for r in range(n):
+        publish(port, "global", r, n, hosts)
+    assert read(port, "global", 3, n) == (200, expected(3, n, hosts))
+    assert srv.httpd.mesh.grids_bytes() == n * (n - 1) * SLICE  # one parse for the scope
+    assert read(port, "global", 0, n) == (200, expected(0, n, hosts))
+    # rank 2 PUTs again (Horovod's store retries a PUT): new addresses, a new host name
+    again = b"other\n" + b"".join(other_address(2, j) for j in range(n) if j != 2)
+    assert request(port, "PUT", f"/global/{mesh.ADDRESSES_KEY}2", again)[0] == 200
+    assert srv.httpd.mesh.grids_bytes() == 0
+    for r in range(n):
+        want = b"%d\n" % (0 if r == 2 else [0, 1, 0, 0][r]) + b"".join(
+            other_address(2, r) if i == 2 else address(i, r) for i in range(n) if i != r
+        )
+        assert read(port, "global", r, n) == (200, want), r
+    # a rank done drops the scope's parse with its value
+    assert request(port, "DELETE", "/global/3")[0] == 200
+    assert srv.httpd.mesh.grids_bytes() == 0
+    assert read(port, "global", 0, n, wait_ms=0) == (404, b"missing 3")
+    assert dict(srv.httpd.refusals) == {}
+
+
+def test_a_scope_of_one_reads_its_local_rank_alone(server):
+    _, port = server
+    publish(port, "cross_3", 0, 1, [b"somehost"])
+    assert read(port, "cross_3", 0, 1) == (200, b"0\n")
+
+
+def test_the_store_counts_what_it_holds_through_every_kind_of_change(server):
+    srv, port = server
+    httpd = srv.httpd
+
+    def counted():
+        return (
+            sum(map(len, httpd.cache.values())),
+            sum(len(v) for scope in httpd.cache.values() for v in scope.values()),
+        )
+
+    srv.init([SimpleNamespace(hostname="h", local_rank=r, size=2, local_size=2, cross_size=1)
+              for r in range(2)])  # fmt: skip
+    steps = [
+        ("PUT", "/global/0", b"abc"),
+        ("PUT", "/global/1", b"defgh"),
+        ("PUT", "/global/1", b"x"),  # a key set again: its old bytes go
+        ("PUT", "/adhoc/k", b"12345678"),
+        ("PUT", "/adhoc/j", b""),
+        ("DELETE", "/adhoc/k", None),
+        ("DELETE", "/global/0", None),
+        ("DELETE", "/global/1", None),  # the plan's scope cleared (Horovod's server)
+        ("DELETE", "/adhoc/j", None),  # the ad-hoc scope deleted once empty
+    ]
+    seen = []
+    for method, path, body in steps:
+        assert request(port, method, path, body)[0] == 200
+        seen.append(httpd.stored())
+        assert seen[-1] == counted(), (method, path)
+    assert seen == [(1, 3), (2, 8), (2, 4), (3, 12), (4, 12), (3, 4), (3, 4), (1, 0), (0, 0)]
+    request(port, "PUT", "/global/0", b"abc")
+    srv.init([])  # a new round: the store cleared
+    assert httpd.stored() == (0, 0) == counted()
+
+
+def test_every_way_a_dict_changes_is_counted_by_the_store():
+    # Horovod's handler changes the store as a dict: none of its mutators may bypass the counts
+    from hvdkit.launch.store import Scope, Store
+
+    mutators = {"__setitem__", "__delitem__", "pop", "popitem", "clear", "setdefault", "update",
+                "__ior__"}  # fmt: skip
+    for cls in (Scope, Store):
+        assert all(getattr(cls, m) is not getattr(dict, m) for m in mutators), cls
+    store = Store()
+    store.setdefault("a", {"x": b"12"})["y"] = b"345"
+    store["b"] = {"z": b"6"}
+    store["a"] |= {"w": b"78"}
+    store["b"].setdefault("v", b"9")
+    store.update(c={"u": b"0000"})
+    assert (store.keys_held, store.bytes_held) == (6, 13)
+    versions = {name: store.version(name) for name in store}
+    store["a"].pop("x")
+    store["b"].popitem()
+    assert store.version("a") > versions["a"] and store.version("b") > versions["b"]
+    assert store.version("c") == versions["c"]
+    assert (store.keys_held, store.bytes_held) == (4, 10)
+    popped = store.pop("c")
+    assert (store.keys_held, store.bytes_held) == (3, 6)
+    popped["t"] = b"later"  # a scope taken out no longer counts in the store
+    del store["a"]
+    assert (store.keys_held, store.bytes_held) == (1, 1)
+    store.clear()
+    assert (store.keys_held, store.bytes_held, store.version("b")) == (0, 0, None)
