@@ -44,6 +44,12 @@ does not finish; its rates then predict the time from the counts (the
 requests and bytes each scope needs at the least, :func:`least_requests`):
 the elapsed time times the larger of the two ratios still to do.
 
+``--what-if-no-delete`` is a what-if, not what hvdkit's ranks do: the simulated
+ranks skip their DELETE (13 requests a rank instead of 19), as they could if the
+server cleared a scope itself once all its ``n`` ranks had read their answers
+(a change of the Horovod patch that is not made); the values then stay in the
+store until the server stops. It estimates what that change would save.
+
     python benchmarks/rendezvous.py                      # N = 16, 64, 256, 1000
     python benchmarks/rendezvous.py --sizes 16,64 --cap 60
 
@@ -77,14 +83,14 @@ RETRIES, RETRY_PAUSE_S = 3, 0.5  # Horovod's HTTP store: MAX_RETRY_TIMES, its pa
 PATTERNS = ("hvdkit", "horovod")
 
 
-def least_requests(n: int, pattern: str = "horovod") -> tuple[int, int]:
+def least_requests(n: int, pattern: str = "horovod", delete: bool = True) -> tuple[int, int]:
     """(requests, bytes read) of one scope of ``n`` ranks when every key is there at first look.
 
-    >>> least_requests(2), least_requests(2, "hvdkit")
-    ((17, 544), (6, 276))
+    >>> least_requests(2), least_requests(2, "hvdkit"), least_requests(2, "hvdkit", False)
+    ((17, 544), (6, 276), (4, 276))
     """
     if pattern == "hvdkit":  # PUT, one mesh read, DELETE; the answers' addresses
-        return 3 * n, n * (2 + (n - 1) * ADDRESS_BYTES)
+        return (3 if delete else 2) * n, n * (2 + (n - 1) * ADDRESS_BYTES)
     here = n + n * n  # PUT each; each rank GETs every rank's
     names = n + n * (n - 1) // 2
     addresses = n + 2 * n * (n - 1)  # PUT each; wait (one GET) and read (one GET) each peer's
@@ -98,9 +104,12 @@ class Failed(Exception):
 class Client:
     """A rank's HTTP store: one connection per request, Horovod's retries; counts what it did."""
 
-    def __init__(self, port: int, stats: Counter, errors: Counter, lock, meet: Barriers):
+    def __init__(
+        self, port: int, stats: Counter, errors: Counter, lock, meet: Barriers, delete: bool = True
+    ):
         self.port, self.stats, self.errors, self.lock = port, stats, errors, lock
         self.meet = meet  # Gloo's barrier before the DELETE
+        self.delete = delete  # False: --what-if-no-delete
 
     def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         for _ in range(RETRIES):
@@ -121,7 +130,9 @@ class Client:
         raise Failed(f"{method} {path} failed {RETRIES} times")
 
     def _once(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as s:
+        with socket.socket() as s:  # (no name to look up: the client's CPU is the ranks')
+            s.settimeout(30)
+            s.connect(("127.0.0.1", self.port))
             head = f"{method} {path} HTTP/1.1\r\nHost: rdv\r\nContent-Length: {len(body)}\r\n\r\n"
             s.sendall(head.encode() + body)
             chunks = []
@@ -146,9 +157,13 @@ class Client:
             time.sleep(POLL_S)
 
 
+_PADS = [bytes(k) for k in range(ADDRESS_BYTES + 1)]
+
+
 def address(i: int, j: int) -> bytes:
     """Simulated rank ``i``'s address for its pair with ``j``: 136 bytes, recognisable."""
-    return b"%d>%d;" % (i, j) + bytes(ADDRESS_BYTES - len(b"%d>%d;" % (i, j)))
+    head = b"%d>%d;" % (i, j)
+    return head + _PADS[ADDRESS_BYTES - len(head)]
 
 
 def scope_hvdkit(c: Client, name: str, r: int, n: int, deadline: float, host: str) -> None:
@@ -169,7 +184,8 @@ def scope_hvdkit(c: Client, name: str, r: int, n: int, deadline: float, host: st
     with c.lock:  # (checked against the layout by measure)
         c.stats["local_rank_sum"] += int(line)
     c.meet(name, n, deadline)
-    c.request("DELETE", f"/{name}/{r}")
+    if c.delete:
+        c.request("DELETE", f"/{name}/{r}")
 
 
 def scope(c: Client, name: str, r: int, n: int, deadline: float, host: str = "") -> None:
@@ -218,7 +234,9 @@ class _Host:  # what Scheduler._start_rendezvous needs of its scheduler
 PROCESS_SET = "_process_set_hash_1f"  # the global process set's scopes (the hash, simulated)
 
 
-def run_ranks(port: int, slots: list[dict], pattern: str, cap_s: float, start, out) -> None:
+def run_ranks(
+    port: int, slots: list[dict], pattern: str, cap_s: float, start, out, delete: bool = True
+) -> None:
     """Simulate a world's ``slots`` (a thread each) once ``start`` is set; what they did to ``out``.
 
     Run in a child process, or in this one (``--ranks-here``); every rank of the
@@ -235,7 +253,7 @@ def run_ranks(port: int, slots: list[dict], pattern: str, cap_s: float, start, o
     cpu0 = time.process_time()
 
     def rank(slot: dict) -> None:
-        c = Client(port, stats, errors, lock, meet)
+        c = Client(port, stats, errors, lock, meet, delete)
         host, local_rank = slot["hostname"], slot["local_rank"]
         try:
             if pattern == "hvdkit":
@@ -269,9 +287,17 @@ def run_ranks(port: int, slots: list[dict], pattern: str, cap_s: float, start, o
 
 
 def measure(
-    n: int, per_host: int, cap_s: float, pattern: str = "hvdkit", apart: bool = True
+    n: int,
+    per_host: int,
+    cap_s: float,
+    pattern: str = "hvdkit",
+    apart: bool = True,
+    delete: bool = True,
 ) -> dict:
-    """One world of ``n`` ranks, their threads in a child process (``apart``) or this one."""
+    """One world of ``n`` ranks, their threads in a child process (``apart``) or this one.
+
+    ``delete=False``: the what-if of ``--what-if-no-delete`` (the module's docstring).
+    """
     hosts = [f"10.0.{i // per_host // 250}.{i // per_host % 250}" for i in range(n)]
     layout = layout_for([_Reg(h) for h in hosts])
     # The scheduler's own start of a round's server (one address, only the job's
@@ -280,7 +306,7 @@ def measure(
     plan = [dict(a, hostname=f"host{a['host_index']}") for a in layout]
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    args = (port, plan, pattern, cap_s, start, out)
+    args = (port, plan, pattern, cap_s, start, out, delete)
     kind = ctx.Process if apart else threading.Thread
     children = [kind(target=run_ranks, args=args, daemon=True)]
     for child in children:
@@ -304,7 +330,7 @@ def measure(
     done = [at - t0 for report in reports for at in report["done"]]
     refusals = dict(server.httpd.refusals)
     server.stop()
-    least = [least_requests(p, pattern) for p in 2 * scope_sizes(n, per_host)]
+    least = [least_requests(p, pattern, delete) for p in 2 * scope_sizes(n, per_host)]
     if pattern == "hvdkit":  # each rank's probe
         least.append((n, n * len(mesh.MESH_PROTOCOL)))
     need, bytes_need = sum(r for r, _ in least), sum(b for _, b in least)
@@ -317,6 +343,7 @@ def measure(
     return {
         "n": n,
         "pattern": pattern,
+        "deletes": delete,  # False: the what-if --what-if-no-delete
         "per_host": per_host,
         "ranks_apart": apart,
         "scopes": 2 * len(scope_sizes(n, per_host)),
@@ -377,10 +404,17 @@ def main() -> int:
         default="hvdkit",
         help=f"comma-separated, of {', '.join(PATTERNS)} (the module's docstring)",
     )
+    p.add_argument(
+        "--what-if-no-delete",
+        action="store_true",
+        help="a what-if, not hvdkit's behaviour: the ranks skip their DELETE (the docstring)",
+    )
     args = p.parse_args()
     patterns = args.pattern.split(",")
     if not set(patterns) <= set(PATTERNS):
         p.error(f"--pattern {args.pattern!r}: each must be one of {', '.join(PATTERNS)}")
+    if args.what_if_no_delete and patterns != ["hvdkit"]:
+        p.error(f"--what-if-no-delete goes with --pattern hvdkit alone, not {args.pattern!r}")
     rows = []
     print(
         f"{'pattern':>8} {'N':>5} {'complete':>8} {'world s':>8} {'requests':>9} {'req/s':>6} "
@@ -389,7 +423,9 @@ def main() -> int:
     )
     for n in [int(s) for s in args.sizes.split(",")]:
         for pattern in patterns:
-            r = measure(n, args.per_host, args.cap, pattern, not args.ranks_here)
+            r = measure(
+                n, args.per_host, args.cap, pattern, not args.ranks_here, not args.what_if_no_delete
+            )
             rows.append(row(r))
     payload = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "rows": rows}
     print(f"wrote {write_results('rendezvous', payload)}")

@@ -60,6 +60,7 @@ from .mesh import (
     MeshGrid,
     mesh_query,
 )
+from .reused_threads import ReusedThreads
 from .store import Store
 
 log = logging.getLogger("hvdkit.rendezvous")
@@ -77,6 +78,9 @@ ADMIT_WAIT_S = 1.0
 # Mesh reads waiting at once (each holds a thread, not a slot of MAX_CONNECTIONS): a rank
 # waits in one scope at a time, so a world of up to this many ranks waits without refusal.
 MAX_WAITING = 4096
+# A request's thread, done, waits this long to serve the next one before it ends: the
+# requests of a world come in bursts (a rank's next scope follows its last one's barrier).
+IDLE_THREAD_S = 5.0
 READ_TIMEOUT_S = 5.0  # per socket operation
 REQUEST_DEADLINE_S = 30.0  # per connection, however slowly bytes trickle in
 DEADLINE_POLL_S = 0.25  # how often the server looks for connections past their deadline
@@ -349,6 +353,8 @@ class GuardedHTTPServer(_HorovodHTTPServer):
         self._load = threading.Condition()
         self._busy = 0  # requests being served, besides those parked in a mesh wait
         self._waiting = 0  # mesh reads parked
+        # a request is served on a thread of these (not a new thread each, ThreadingMixIn's)
+        self._serving = ReusedThreads(self.process_request_thread, IDLE_THREAD_S, "hvdkit-rdv")
         super().__init__(address, GuardedHandler, verbose)
         self.cache = Store()  # Horovod's dict of scopes, its keys and bytes counted as they change
         self.deadlines = _Deadlines()
@@ -356,6 +362,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
     def server_close(self) -> None:
         super().server_close()
         self.deadlines.stop()
+        self._serving.stop()
 
     def init(self, host_alloc_plan) -> None:
         super().init(host_alloc_plan)
@@ -392,7 +399,7 @@ class GuardedHTTPServer(_HorovodHTTPServer):
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
+            self._serving.submit(request, client_address)
         except BaseException:
             self._done()
             raise

@@ -398,3 +398,51 @@ def test_every_way_a_dict_changes_is_counted_by_the_store():
     assert (store.keys_held, store.bytes_held) == (1, 1)
     store.clear()
     assert (store.keys_held, store.bytes_held, store.version("b")) == (0, 0, None)
+
+
+def test_reused_threads_serve_a_burst_with_as_many_threads_as_run_at_once():
+    from hvdkit.launch.reused_threads import ReusedThreads
+
+    release, ran, lock = threading.Event(), [], threading.Lock()
+
+    def task(i, block):
+        if block:
+            release.wait(60)
+        with lock:
+            ran.append(i)
+
+    threads = ReusedThreads(task, idle_s=60.0, name="test-reused")
+    for i in range(5):  # five at once: five threads
+        threads.submit(i, True)
+    assert wait_for(lambda: threads.started == 5, 60)
+    release.set()
+    assert wait_for(lambda: threads._idle == 5, 60), threads._idle
+    for i in range(5, 45):  # then one after another: the idle ones serve them
+        threads.submit(i, False)
+        assert wait_for(lambda: threads._idle == 5, 60), threads._idle
+    assert (threads.started, sorted(ran)) == (5, list(range(45)))
+    threads.stop(join_s=60)
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-reused")]
+
+
+def test_a_reused_thread_idle_too_long_ends_and_a_task_after_starts_another():
+    from hvdkit.launch.reused_threads import ReusedThreads
+
+    ran = []
+    threads = ReusedThreads(ran.append, idle_s=0.01, name="test-idle")
+    threads.submit(1)
+    assert wait_for(lambda: not threads._threads, 60)  # it ended, idle
+    assert threads._idle == 0
+    threads.submit(2)
+    assert wait_for(lambda: ran == [1, 2], 60)
+    assert threads.started == 2
+    threads.stop(join_s=60)
+
+
+def test_the_what_if_without_deletes_forms_a_world_of_16_with_two_requests_a_scope():
+    """benchmarks/rendezvous.py --what-if-no-delete (a what-if, not hvdkit's behaviour): the
+    ranks skip their DELETE; a probe, then 2 requests a rank a scope, each answer checked."""
+    r = bench.measure(16, 8, cap_s=120.0, pattern="hvdkit", apart=False, delete=False)
+    assert (r["complete"], r["ranks_failed"], r["retried"], r["refusals"]) == (True, 0, 0, {})
+    assert r["requests"] == r["least_requests"] == 16 + 2 * 2 * (16 + 16 + 16)
+    assert (r["deletes"], r["local_ranks_right"]) == (False, True)
