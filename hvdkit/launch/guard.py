@@ -60,6 +60,7 @@ from .mesh import (
     MeshGrid,
     mesh_query,
 )
+from .plain_request import read_plain_request
 from .reused_threads import ReusedThreads
 from .store import Store
 
@@ -210,9 +211,13 @@ class GuardedHandler(_HorovodHandler):
         super().handle()
 
     def parse_request(self) -> bool:
-        if not super().parse_request():
-            self.server.refuse(self.client_address[0], MALFORMED)
-            return False
+        rfile = self.rfile
+        if not read_plain_request(self):  # not plain: http.server's parser reads it all
+            parsed = super().parse_request()
+            self.rfile = rfile
+            if not parsed:
+                self.server.refuse(self.client_address[0], MALFORMED)
+                return False
         if len(self.path.split("/")) != 3:
             return self._reject(400, BAD_PATH, repr(self.path[:80]))
         if self.command == "PUT":
@@ -287,6 +292,19 @@ class GuardedHandler(_HorovodHandler):
                 if server.cache.version(scope) == version:  # else a later reader parses again
                     board.keep(scope, n, version, grid)
         return grid
+
+    _date: tuple[int, str] = (0, "")  # (second, its Date header), for all handlers
+
+    def date_time_string(self, timestamp=None) -> str:
+        """The Date header's value, formatted once a second (7 % of a small request's CPU)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        second, text = GuardedHandler._date
+        if second != now:
+            text = super().date_time_string(now)
+            GuardedHandler._date = (now, text)
+        return text
 
     def _head(self, status: int, length: int) -> bytes:
         """The status line and headers of an answer of ``length`` bytes (as send_response's)."""

@@ -7,6 +7,8 @@ its n - 1 address slices, then one mesh read returns the slices meant for it.
 from __future__ import annotations
 
 import http.client
+import http.server
+import io
 import sys
 import threading
 from pathlib import Path
@@ -15,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from listener_targets import wait_for
 
-from hvdkit.launch import guard, mesh
+from hvdkit.launch import guard, mesh, plain_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import rendezvous as bench  # benchmarks/rendezvous.py
@@ -446,3 +448,126 @@ def test_the_what_if_without_deletes_forms_a_world_of_16_with_two_requests_a_sco
     assert (r["complete"], r["ranks_failed"], r["retried"], r["refusals"]) == (True, 0, 0, {})
     assert r["requests"] == r["least_requests"] == 16 + 2 * 2 * (16 + 16 + 16)
     assert (r["deletes"], r["local_ranks_right"]) == (False, True)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "benchmarks/records/rendezvous_server_2026-11-29.json"
+PERFORMANCE = ROOT / "docs/performance.md"
+
+
+def table(page: str, header: str) -> str:
+    """The markdown table of ``page`` whose header row starts with ``header``."""
+    return page[page.index(header) :].split("\n\n")[0]
+
+
+def test_performance_md_quotes_the_recorded_runs_of_the_rendezvous():
+    """docs/performance.md's rendezvous table (hvdkit's mesh columns) and the model's G(N)
+    are the record's "after" runs: the sizes run once, and 1,000 ranks as the median and
+    range of its three runs; its what-if row is the what-if's runs."""
+    import json
+    import re
+    import statistics
+
+    runs = json.loads(RECORD.read_text())["runs"]
+    after = [run["rows"] for run in runs if run["label"] == "after"]
+    once = {row["n"]: row for row in after[0]}
+    thousand = [row for rows in after for row in rows if row["n"] == 1000]
+    assert len(thousand) == 3 and all(r["complete"] and r["ranks_failed"] == 0 for r in thousand)
+    page = PERFORMANCE.read_text()
+    rendezvous = table(page, "| ranks (machines) | hvdkit's mesh: requests")
+
+    def spread(key):
+        values = sorted(r[key] for r in thousand)
+        return f"{statistics.median(values):.2f} ({values[0]:.2f}–{values[-1]:.2f}"
+
+    world = {}
+    for machines, n in [(1, 3), (2, 16), (8, 64), (32, 256), (38, 300), (125, 1000)]:
+        line = re.search(rf"^\| {n:,} \({machines}\) \|([^\n]*)$", rendezvous, re.M)
+        assert line, n
+        cells = [c.strip() for c in line.group(1).split("|")]
+        assert cells[0] == f"{once[n]['requests']:,}", n
+        if n == 1000:
+            assert cells[2] == spread("world_s") + ", three runs)"
+            assert cells[3] == spread("server_cpu_s") + ")"
+            world[n] = cells[2].split()[0]
+        else:
+            assert (cells[2], cells[3]) == (
+                f"{once[n]['world_s']:.2f}",
+                f"{once[n]['server_cpu_s']:.2f}",
+            ), n
+            world[n] = cells[2]
+    # the model's G(N) is the rendezvous measured at N
+    rows = table(page, "| ranks | C(N), s | G(N), s |")
+    g_column = r"^\| (3|64|300|1,000)(?![\d,])[^|]*\| [^|]+ \| ([\d.]+) \|"
+    model = dict(re.findall(g_column, rows, re.M))
+    assert model == {"3": world[3], "64": world[64], "300": world[300], "1,000": world[1000]}
+    low, high = spread("world_s").split("(")[1].split("–")
+    assert f"at 1,000 in {low}–{high} s (three runs)" in " ".join(page.split())
+
+
+class _StdlibReads(http.server.BaseHTTPRequestHandler):
+    """http.server's own reading of one request, without a socket (the oracle)."""
+
+    def __init__(self, raw: bytes):  # (no socketserver set-up)
+        self.rfile, self.wfile = io.BytesIO(raw), io.BytesIO()
+        self.client_address = ("127.0.0.1", 1)
+        self.raw_requestline = self.rfile.readline(65537)
+
+    def date_time_string(self, timestamp=None):
+        return "a date"
+
+    def log_message(self, *args):
+        pass
+
+    def outcome(self) -> tuple:
+        if not self.parse_request():
+            return False, None, self.rfile.read(), self.wfile.getvalue()
+        seen = (self.command, self.path, self.request_version, list(self.headers.items()))
+        return True, seen, self.rfile.read(), self.wfile.getvalue()
+
+
+class _QuickReads(_StdlibReads):
+    def parse_request(self):  # as GuardedHandler.parse_request reads
+        rfile = self.rfile
+        if plain_request.read_plain_request(self):
+            return True
+        parsed = super().parse_request()
+        self.rfile = rfile
+        return parsed
+
+
+REQUESTS = [
+    b"GET /global/hvdkit_mesh HTTP/1.1\r\nHost: 127.0.0.1:1234\r\nAccept: */*\r\n\r\n",
+    b"PUT /global/0 HTTP/1.0\r\nContent-Length: 3\r\nX-Two: a\r\nx-two: b\r\n\r\nabc",
+    b"PUT /global/0 HTTP/1.1\r\nContent-Length:  3 \t\r\n\r\nabcdef",
+    b"DELETE /cross_0/1 HTTP/1.1\n\n",
+    b"GET /global/x HTTP/1.1\r\nHost: x\r\n folded\r\nNext: y\r\n\r\nbody",
+    b"GET /global/x HTTP/1.1\r\n" + b"H: v\r\n" * 40 + b"\r\nbody",
+    b"GET /global/x HTTP/1.1\r\nLong: " + b"v" * 3000 + b"\r\nNext: y\r\n\r\nbody",
+    b"GET /global/x HTTP/1.1\r\nno colon here\r\n\r\nbody",
+    b"GET /global/x HTTP/1.1\r\nHost: x\r\n",
+    b"GET /global/x HTTP/1.1\r\n" + b"H: v\r\n" * 120 + b"\r\n",
+    b"GET /global/x HTTP/1.1\r\nLong: " + b"v" * 70000 + b"\r\n\r\n",
+    b"GET //global/x HTTP/1.1\r\n\r\n",
+    b"POST /global/x HTTP/1.1\r\n\r\n",
+    b"GET /global/x HTTP/2.0\r\n\r\n",
+    b"GET /global/x  HTTP/1.1\r\n\r\n",
+    b"GET /global/x HTTP/1.1\r\nExpect: 100-continue\r\nConnection: keep-alive\r\n\r\n",
+    b"GET /global/x\r\n",
+    b"garbage\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("raw", REQUESTS, ids=range(len(REQUESTS)))
+def test_the_quick_reading_of_a_request_is_http_servers_own(raw):
+    # the same fields, headers, answer (an error's) and body left, plain or not
+    assert _QuickReads(raw).outcome() == _StdlibReads(raw).outcome()
+
+
+def test_plain_requests_are_read_without_http_servers_parser(monkeypatch):
+    def not_called(*args, **kwargs):
+        raise AssertionError("http.client.parse_headers was called")
+
+    monkeypatch.setattr(http.client, "parse_headers", not_called)
+    for raw in REQUESTS[:4]:
+        assert _QuickReads(raw).outcome()[0] is True
