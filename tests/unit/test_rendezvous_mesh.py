@@ -501,8 +501,15 @@ def test_performance_md_quotes_the_recorded_runs_of_the_rendezvous():
     g_column = r"^\| (3|64|300|1,000)(?![\d,])[^|]*\| [^|]+ \| ([\d.]+) \|"
     model = dict(re.findall(g_column, rows, re.M))
     assert model == {"3": world[3], "64": world[64], "300": world[300], "1,000": world[1000]}
+    text = " ".join(page.split())
     low, high = spread("world_s").split("(")[1].split("–")
-    assert f"at 1,000 in {low}–{high} s (three runs)" in " ".join(page.split())
+    assert f"at 1,000 in {low}–{high} s (three runs)" in text
+    low, high = spread("server_cpu_s").split("(")[1].split("–")
+    assert f"the server's process spent {low}–{high} CPU-seconds" in text
+    what_if = sorted(run["rows"][0]["server_cpu_s"] for run in runs
+                     if run["label"] == "what-if-no-delete")  # fmt: skip
+    assert len(what_if) == 3
+    assert f"spent {what_if[0]:.2f}–{what_if[-1]:.2f} CPU-seconds at 1,000 ranks" in text
 
 
 class _StdlibReads(http.server.BaseHTTPRequestHandler):
