@@ -45,6 +45,7 @@ class ElasticHandover:
             env[config.ELASTIC_JOIN] = "1"
         env.setdefault(config.GLOO_TIMEOUT, str(config.ELASTIC_GLOO_TIMEOUT_S))
         self._first_rank = assign["rank"]
+        self._awaited_ready = int(assign["round"]) if assign.get("join") else -1
         self._said_ready = -1
         self._said_resumed = -1
         self.finished: int | None = None  # the round our program finished training in
@@ -56,6 +57,11 @@ class ElasticHandover:
             return None
         self._said_resumed = said[0]
         return said
+
+    def awaits_ready(self) -> bool:
+        """Whether our program is to say it is ready for a world it was given (a join, a
+        new world), and has not yet."""
+        return self._said_ready < self._awaited_ready and self.finished is None
 
     def newly_ready(self) -> int | None:
         """The round our program is newly ready to start Horovod in (it said so), or None."""
@@ -84,6 +90,7 @@ class ElasticHandover:
             assign["size"],
             assign["round"],
         )
+        self._awaited_ready = max(self._awaited_ready, int(assign["round"]))
         body = json.dumps(
             {"round": int(assign["round"]), "env": horovod, "lost": bool(assign.get("lost"))}
         )

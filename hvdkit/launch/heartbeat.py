@@ -14,6 +14,7 @@ time, so stray, forged, replayed, stale or misdirected packets are refused
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from .._comm.progress import COMPLETED, WAITED_S, WAITING
 from . import auth
@@ -269,6 +271,7 @@ class HeartbeatMonitor:
     token: str
     bind_host: str = "127.0.0.1"
     ranks: dict[int, RankStatus] = field(default_factory=dict)
+    LOOK_S: ClassVar[float] = 0.5  # the receiving thread looks whether to stop this often
 
     def __post_init__(self):
         self._key = auth.derive_key(self.token, auth.HEARTBEAT)
@@ -278,7 +281,7 @@ class HeartbeatMonitor:
         self.refused = self._refusals.counts
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((self.bind_host, 0))
-        self._sock.settimeout(0.5)
+        self._sock.settimeout(self.LOOK_S)
         self.port = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -291,6 +294,8 @@ class HeartbeatMonitor:
                 data, addr = self._sock.recvfrom(MAX_DATAGRAM)
             except (TimeoutError, OSError):
                 continue
+            if self._stop.is_set():  # close()'s wake-up (or a datagram as it closes)
+                break
             try:
                 self.accept(data)
             except auth.AuthError as exc:
@@ -397,7 +402,10 @@ class HeartbeatMonitor:
             return {r: s.pid for r, s in self.ranks.items() if s.host == me}
 
     def close(self):
+        """Stop receiving, at once: a datagram to itself ends the wait in ``recvfrom``."""
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.sendto(b"", self._sock.getsockname())
         self._thread.join(timeout=2)
         self._sock.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -94,16 +95,77 @@ class Ended:
     reasons: list[str] = field(default_factory=list)  # why it was told to stop, if it was
 
 
+class Wakeup:
+    """A wait another thread can end early: :func:`supervise` waits on it besides its child.
+
+    >>> wake = Wakeup()
+    >>> wake.set()          # from any thread, as often as wanted; never blocks
+    >>> wake.close()
+    """
+
+    def __init__(self):
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed
+            os.write(self._w, b"!")
+
+    def fileno(self) -> int:
+        return self._r
+
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._r, 512):
+                pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _ExitWatch:
+    """Waits up to a time for the child's exit (its pidfd) or a :class:`Wakeup`, whichever first.
+
+    Where ``pidfd_open`` is missing (Linux before 5.3), the wait is the full time
+    unless woken: the child's exit is then seen at the next poll, as before.
+    """
+
+    def __init__(self, child: subprocess.Popen, wake: Wakeup | None):
+        self._wake = wake
+        self._fds: list = [] if wake is None else [wake]
+        self._pidfd = None
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd here, or already reaped
+            self._pidfd = os.pidfd_open(child.pid)
+            self._fds.append(self._pidfd)
+
+    def __enter__(self) -> _ExitWatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+
+    def wait(self, seconds: float) -> None:
+        if not self._fds:
+            time.sleep(seconds)
+            return
+        ready, _, _ = select.select(self._fds, [], [], seconds)
+        if self._wake is not None and self._wake in ready:
+            self._wake.clear()
+
+
 def supervise(
     child: subprocess.Popen,
     monitor,
     stall_s: float,
     stop_reasons: list[str],
     *,
-    on_tick: Callable[[], None] | None = None,
+    on_tick: Callable[[], float | None] | None = None,
     on_stop: Callable[[list[tuple[int, float]]], None] | None = None,
     poll_s: float = 0.25,
     stuck_s: float | None = None,
+    wake: Wakeup | None = None,
 ) -> Ended:
     """Wait for ``child``; stop its process group on a stall or once a stop reason appears.
 
@@ -113,18 +175,20 @@ def supervise(
     The one supervise loop of ``hvdkitrun`` and of a worker. ``monitor`` is a
     :class:`~hvdkit.launch.heartbeat.HeartbeatMonitor`; ``stop_reasons`` is
     filled by other threads (signals, the scheduler's abort). ``on_tick`` runs
-    every poll; ``on_stop(stalled)`` runs before the group is stopped.
+    at least every ``poll_s`` (or as soon as the seconds it returns, if fewer),
+    at once when ``child`` exits, and when another thread sets ``wake``;
+    ``on_stop(stalled)`` runs before the group is stopped.
     """
     stalled: list[tuple[int, float]] = []
     stuck = ""
-    while child.poll() is None:
-        if on_tick is not None:
-            on_tick()
-        stalled = monitor.silent_ranks(stall_s)
-        stuck = "" if stalled else monitor.stuck_report(stall_s if stuck_s is None else stuck_s)
-        if stalled or stuck or stop_reasons:
-            break
-        time.sleep(poll_s)
+    with _ExitWatch(child, wake) as watch:
+        while child.poll() is None:
+            sooner = on_tick() if on_tick is not None else None
+            stalled = monitor.silent_ranks(stall_s)
+            stuck = "" if stalled else monitor.stuck_report(stall_s if stuck_s is None else stuck_s)
+            if stalled or stuck or stop_reasons:
+                break
+            watch.wait(poll_s if sooner is None else min(poll_s, sooner))
     # Snapshot now: a reason that arrives after the program ended (e.g. the
     # scheduler closing the connection once we report) did not stop it.
     reasons = list(stop_reasons)

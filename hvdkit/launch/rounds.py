@@ -53,7 +53,7 @@ that both say the same and walks every row::
     JOINING   SIGTERM                        on_sigterm            JOINING
     MEETING   READY                          on_ready              MEETING TRAINING
     MEETING   RESUMED                        on_resumed            MEETING
-    MEETING   FINISHED                       on_finished           MEETING TRAINING
+    MEETING   FINISHED                       on_finished           MEETING TRAINING ENDED
     MEETING   EXITED                         on_exited             MEETING TRAINING
     MEETING   PREEMPTED                      on_preempted          MEETING
     MEETING   FAILED LOST SILENT             on_failed             GRACE ENDED
@@ -82,7 +82,11 @@ the newcomers are sent away. A failure in MEETING or TRAINING ends the round
 with the survivors going on in-process when the job is elastic, at least
 ``HVDKIT_MIN_WORKERS`` are left, and neither a preemption nor the end of
 training is under way; else it starts the GRACE period. "Finished" (a rank's
-training function returned) makes the job take no newcomer from then on.
+training function returned) makes the job take no newcomer from then on; a
+survivor's "finished" of the round before, while the survivors meet after a
+loss, ends the round as a failure: that loss came at the job's end, which is
+not recovered in-process (the lost rank may not have run the script's code
+after training), so the job restarts whole, whichever report came first.
 """
 
 from __future__ import annotations
@@ -277,6 +281,7 @@ class Round:
         # ranks not yet ready to start Horovod; None: no meeting (any more)
         self.unready: set | None = set(regs) if meet else None
         self.carried = meet  # the survivors' programs come from the round before (in-process)
+        self.after_loss = meet and not later  # its survivors go on after a loss (no newcomer)
         self.ready_by = time.monotonic() + job.timeout_s
         self.failures: dict[int, tuple[str, list[str]]] = {}  # in the order they came
         self.exited_ok: list[int] = []
@@ -400,7 +405,28 @@ class Round:
         return Action()
 
     def on_finished(self, report: Report) -> Action:
+        late = report.round is not None and report.round < report.reg.round
+        if self.phase is Phase.MEETING and self.after_loss and late:
+            return self.lost_at_the_end(report.reg.rank)
         return self.training_over(report.reg.rank)
+
+    def lost_at_the_end(self, rank: int) -> Action:
+        """A survivor of a loss had finished training before its new world reached it.
+
+        So the rank was lost as training ended, perhaps in the script's code after
+        it (a save, an evaluation), which no in-process world can run again: the
+        round fails, every rank is stopped, and the job restarts whole, as when
+        the survivor's "finished" came before the loss.
+        """
+        self.job.finishing = True
+        why = (
+            "had finished training when the world after a lost rank reached it: a rank "
+            "lost as training ended is not recovered in-process"
+        )
+        self.failures[rank] = (why, [])
+        act = self.end(RoundResult(rank, why))
+        act.send, act.drain = [(r, _msg(ABORT, r.round, reason=why)) for r in self.remaining], True
+        return act
 
     def on_exited(self, report: Report) -> Action:
         rank = self.remaining.pop(report.reg)
@@ -624,7 +650,7 @@ TRANSITIONS: dict[tuple[Phase, Event], tuple] = {
     **_rows(_J, [Event.SIGTERM], Round.on_sigterm, _J),
     **_rows(_M, [Event.READY], Round.on_ready, _M, _T),
     **_rows(_M, [Event.RESUMED], Round.on_resumed, _M),
-    **_rows(_M, [Event.FINISHED], Round.on_finished, _M, _T),
+    **_rows(_M, [Event.FINISHED], Round.on_finished, _M, _T, _E),
     **_rows(_M, [Event.EXITED], Round.on_exited, _M, _T),
     **_rows(_M, [Event.PREEMPTED], Round.on_preempted, _M),
     **_rows(_M, _LOSSES, Round.on_failed, _G, _E),

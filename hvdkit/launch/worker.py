@@ -167,6 +167,8 @@ class _Inbox:
     (:meth:`_carry_out`): a stop reason or a preemption for the running round,
     a new world or a ``go`` for the program, an answer to DESCRIBE; the other
     words wait in a queue for the main thread (:meth:`next`, :meth:`decide`).
+    Each act for the running program sets :attr:`wake`, so that the
+    supervision's next tick carries it out now, not at its next poll.
     """
 
     def __init__(self, ch: Channel):
@@ -174,6 +176,7 @@ class _Inbox:
         self._lock = threading.Lock()
         self._round: _Running | None = None
         self.phase = WorkerPhase.REGISTERING
+        self.wake = processes.Wakeup()
         threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
 
     def _loop(self, ch: Channel) -> None:
@@ -198,6 +201,8 @@ class _Inbox:
                 current = msg is not None and msg.get("round", 0) == running.number
                 act, self.phase = decide(self.phase, word_of(msg), current)
                 self._carry_out(act, msg, running, ch)
+                if act is not Act.DROP:
+                    self.wake.set()
                 if act is Act.ABANDON:
                     return
 
@@ -267,6 +272,10 @@ class _Inbox:
         return self._queue.get()
 
 
+# While this worker's program is to say it is ready for a new world (the file it
+# writes is not an event here), the supervision looks this often, not every 0.25 s:
+# every rank of the world waits for the last "ready" to reach the scheduler.
+READY_POLL_S = 0.02
 BUSY_LOG_EVERY_S = 10.0  # while the scheduler is busy, say so this often
 RETRY_MAX_S = 2.0  # longest pause between two attempts to register
 
@@ -533,19 +542,24 @@ class _ProgramRun:
             on_tick=self._tick,
             on_stop=self._on_stop,
             stuck_s=stuck,
+            wake=job.inbox.wake,
         )
         for t in pumps:
             t.join(timeout=5)
         return ended, preempted_step(self.monitor)
 
-    def _tick(self) -> None:
+    def _tick(self) -> float | None:
+        """One look of the supervision; a shorter wait before the next, if one is due soon."""
         if self.running.reasons:
-            return
+            return None
         if self.elastic is not None:
             self._relay_elastic()
         reason = self._forward_signals()
         if reason is not None:
             self.running.reasons.append(reason)
+        if self.elastic is not None and self.elastic.awaits_ready():
+            return READY_POLL_S  # the program says it is ready in a file: look often meanwhile
+        return None
 
     def _relay_elastic(self) -> None:
         """The hand-over folder's news to the scheduler; the scheduler's word into the folder."""

@@ -717,3 +717,13 @@ def test_keep_alives_are_skipped_and_a_silent_peer_ends_the_wait():
 def test_silence_limit_is_the_stall_timeout_but_never_below_the_floor():
     assert protocol.silence_limit(120.0) == 120.0
     assert protocol.silence_limit(8.0) == protocol.MIN_SILENCE_S == 10.0
+
+
+def test_monitor_close_ends_its_receiving_thread_without_waiting_for_a_look(monkeypatch):
+    # It looks whether to stop once an hour here: only close()'s datagram to itself
+    # can end the thread's wait within close()'s own join.
+    monkeypatch.setattr(heartbeat.HeartbeatMonitor, "LOOK_S", 3600.0)
+    monitor = heartbeat.HeartbeatMonitor(TOKEN)
+    monitor.close()
+    assert not monitor._thread.is_alive()
+    assert sum(monitor.refused.values()) == 0  # its own wake-up is no refused heartbeat

@@ -901,3 +901,103 @@ def test_layout_variables_of_hvdkitruns_environment_do_not_reach_the_ranks(monke
     for name in ("HOROVOD_SIZE", "HOROVOD_RANK"):
         monkeypatch.delenv(name)
     assert cli._ranks_env("gloo", "ab" * 16, None, 60.0)[1] == []
+
+
+# ------------------------------------------------------------ the supervision's waits
+class _QuietMonitor:
+    def silent_ranks(self, stall_s):
+        return []
+
+    def stuck_report(self, stuck_s):
+        return ""
+
+
+def _supervise_in_thread(child, **kwargs) -> threading.Thread:
+    from hvdkit.launch import processes
+
+    t = threading.Thread(
+        target=lambda: processes.supervise(child, _QuietMonitor(), 60, [], **kwargs), daemon=True
+    )
+    t.start()
+    return t
+
+
+def _child_waiting_for(path) -> subprocess.Popen:
+    return subprocess.Popen(["sh", "-c", f'while [ ! -e "{path}" ]; do sleep 0.01; done; exit 3'])
+
+
+def test_supervise_sees_its_childs_exit_without_waiting_for_the_next_poll(tmp_path):
+    # An hour between looks: only the child's exit (its pidfd) can end the wait.
+    gate, ticks = tmp_path / "gate", []
+
+    def tick():
+        ticks.append(1)
+        gate.touch()  # the child may exit now, while supervise waits its hour
+
+    child = _child_waiting_for(gate)
+    t = _supervise_in_thread(child, on_tick=tick, poll_s=3600)
+    t.join(120)
+    assert not t.is_alive(), "supervise waited for its poll, not for the child's exit"
+    assert (child.returncode, len(ticks)) == (3, 1)
+
+
+def test_supervise_looks_again_as_soon_as_a_tick_asks(tmp_path):
+    gate, ticks = tmp_path / "gate", []
+
+    def tick():
+        ticks.append(1)
+        if len(ticks) == 5:
+            gate.touch()
+        return 0.001  # the next look in 1 ms, not in an hour
+
+    child = _child_waiting_for(gate)
+    t = _supervise_in_thread(child, on_tick=tick, poll_s=3600)
+    t.join(120)
+    assert not t.is_alive()
+    assert child.returncode == 3 and len(ticks) >= 5
+
+
+def test_a_wakeup_from_another_thread_ends_the_wait_and_is_cleared(tmp_path):
+    from hvdkit.launch import processes
+
+    gate, ticks, wake = tmp_path / "gate", [], processes.Wakeup()
+    woken_twice = threading.Event()
+
+    def tick():
+        ticks.append(1)
+        if len(ticks) < 3:
+            for _ in range(100_000):  # more sets than a pipe holds: never blocks
+                wake.set()
+        else:
+            woken_twice.set()
+            gate.touch()
+
+    child = _child_waiting_for(gate)
+    t = _supervise_in_thread(child, on_tick=tick, poll_s=3600, wake=wake)
+    t.join(120)
+    assert not t.is_alive() and woken_twice.is_set()
+    # each wake was taken by one look: the third tick came from the second set, and the
+    # wait after it ended with the child, not with a wake left over
+    assert (child.returncode, len(ticks)) == (3, 3)
+    wake.close()
+
+
+def test_the_handover_awaits_ready_for_a_join_and_for_each_new_world(tmp_path, monkeypatch):
+    from hvdkit._comm import meeting
+    from hvdkit.launch.handover import ElasticHandover
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = ElasticHandover({"rank": 0, "round": 0}, {})
+    assert not first.awaits_ready()  # a first round says nothing before Horovod starts
+    first.hand_over({"rank": 0, "size": 3, "round": 2, "lost": True}, {})
+    assert first.awaits_ready()
+    meeting.write(first.folder, meeting.READY, "1")  # an older round's ready
+    assert first.newly_ready() == 1 and first.awaits_ready()
+    meeting.write(first.folder, meeting.READY, "2")
+    assert first.newly_ready() == 2 and not first.awaits_ready()
+    joiner = ElasticHandover({"rank": 3, "round": 5, "join": True}, {})
+    assert joiner.awaits_ready()
+    meeting.write(joiner.folder, meeting.FINISHED, "5")
+    assert joiner.newly_finished() == 5 and not joiner.awaits_ready()
+    first.close()
+    joiner.close()

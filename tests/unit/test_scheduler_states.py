@@ -13,6 +13,7 @@ import ast
 import inspect
 import pathlib
 import queue
+import select
 import threading
 
 import pytest
@@ -251,6 +252,16 @@ def case_meeting_finished():
     feed(rnd, Event.READY, d, 6)
     assert feed(rnd, Event.FINISHED, a, 5) is T  # they will not meet d: it is sent away
     assert kinds(d) == ["abort"] and kinds(a) == ["assign"]
+    # a survivor of a loss that had finished training in the round before (6) when its
+    # new world (7) came: the loss was at the job's end, which restarts the job whole
+    rnd, (a, b, c) = meeting()
+    assert feed(rnd, Event.READY, b, 7) is M  # (one that was still training met)
+    for reg in (a, b, c):  # the told ranks' reports come
+        rnd.job.events.put(rounds.Report(reg, 7, 1, "exit code 1"))
+    assert feed(rnd, Event.FINISHED, a, 6) is E and rnd.job.finishing
+    assert (rnd.result.culprit, rnd.result.survivors) == (0, None)
+    assert rnd.result.detail.startswith("had finished training when the world after a lost")
+    assert all(kinds(r) == ["abort"] for r in (a, b, c)) and not rnd.remaining
 
 
 def case_meeting_exited():
@@ -716,6 +727,7 @@ def test_each_row_of_the_workers_table(row):
     phase, word = row
     act, after = worker_states.TRANSITIONS[row]
     inbox, pipe, running = inbox_in(phase)
+    inbox.wake.clear()  # (a HANDING_OVER inbox was woken by its new world)
     msg = MESSAGES.get(word)
     if word is WORD.EXITED:
         inbox.running(None)  # the executor's EXITED: the program ended
@@ -754,6 +766,13 @@ def test_each_row_of_the_workers_table(row):
     assert {k: v for k, v in effects.items() if v} == expected, row
     if act is ACT.LATER:
         assert inbox.next() == msg
+    # an act for the running program wakes the supervision's wait (a lost connection's
+    # ABANDON may still be on its way: bounded wait; any other was set before the
+    # inbox asked for the next message)
+    by_reader = phase in worker_states.PROGRAM_PHASES and word is not WORD.EXITED
+    wakes = by_reader and act is not ACT.DROP
+    woken = bool(select.select([inbox.wake], [], [], 30 if wakes else 0)[0])
+    assert woken == wakes, (row, woken)
 
 
 @pytest.mark.parametrize("word", [WORD.ABORT, WORD.PREEMPT, WORD.DESCRIBE])
