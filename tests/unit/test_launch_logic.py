@@ -1001,3 +1001,12 @@ def test_the_handover_awaits_ready_for_a_join_and_for_each_new_world(tmp_path, m
     assert joiner.newly_finished() == 5 and not joiner.awaits_ready()
     first.close()
     joiner.close()
+
+
+def test_elastic_md_states_the_workers_look_while_its_program_is_to_say_ready():
+    from pathlib import Path
+
+    from hvdkit.launch import worker
+
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs/elastic.md").read_text().split())
+    assert f"looks every {worker.READY_POLL_S * 1000:.0f} ms while its program is to" in page
