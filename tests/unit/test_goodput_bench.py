@@ -186,3 +186,29 @@ def test_the_percentiles_and_the_split_of_the_lost_time():
     paused = gp.loss_split(window, costs, steps, LINES, 0.0, 2.0, 2, None, 0.1)
     assert paused["in_world_pauses_s"] == pytest.approx(-1.6)
     assert paused["slower_steps_s"] == pytest.approx(1.6)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PERFORMANCE = ROOT / "docs/performance.md"
+RECORDS = ROOT / "benchmarks/records"
+RUN = RECORDS / "goodput_2026-11-29.json"  # the full run the docs print
+POLLED = RECORDS / "goodput_polled_2026-11-29.json"  # the one before the workers' waits woke
+
+
+def test_performance_md_prints_the_recorded_goodput_run():
+    """docs/performance.md's goodput tables are markdown_tables of the recorded run, and
+    its prose quotes the goodput of that run and of the run before, as recorded."""
+    import json
+
+    page = PERFORMANCE.read_text()
+    runs = json.loads(RUN.read_text())["runs"]
+    assert [r["period_s"] for r in runs] == [None, 60.0, 15.0]
+    assert all(r["checks"]["passed"] for r in runs)
+    for block in gp.markdown_tables(runs).split("\n\n"):
+        assert block.strip() in page, block[:200]
+    text = " ".join(page.split())
+    now = [f"{100 * r['goodput']:.1f} %" for r in runs[1:]]
+    before = [f"{100 * r['goodput']:.1f} %" for r in json.loads(POLLED.read_text())["runs"][1:]]
+    assert f"**{now[0]}** at one fault a minute" in text
+    assert f"**{now[1]}** at one every 15 s" in text
+    assert f"(before: {before[0]} and {before[1]}, with workers" in text
