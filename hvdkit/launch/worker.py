@@ -177,7 +177,8 @@ class _Inbox:
         self._round: _Running | None = None
         self.phase = WorkerPhase.REGISTERING
         self.wake = processes.Wakeup()
-        threading.Thread(target=self._loop, args=(ch,), daemon=True).start()
+        self.reader = threading.Thread(target=self._loop, args=(ch,), daemon=True)
+        self.reader.start()
 
     def _loop(self, ch: Channel) -> None:
         while True:
@@ -191,6 +192,8 @@ class _Inbox:
                     log.error("reading the scheduler's messages failed: %s", type(exc).__name__)
                 msg = None
             with self._lock:
+                if self.phase is WorkerPhase.ENDED:  # the worker is done: nothing is read for
+                    return
                 if self.phase not in PROGRAM_PHASES:  # the main thread decides: the rest waits
                     if decide(self.phase, word_of(msg))[0] is not Act.DROP:
                         self._queue.put(msg)

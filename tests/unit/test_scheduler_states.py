@@ -890,3 +890,16 @@ def test_message_kinds_are_named_once_in_protocol():
         "exit",
         "go",
     ]
+
+
+def test_the_inbox_thread_ends_quietly_when_the_connection_closes_after_the_end(monkeypatch):
+    # The scheduler closes the connection after "done": the worker's phase is ENDED by
+    # then, which has no row in the table; the reading thread ends without deciding.
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    inbox, pipe, _ = inbox_in(WP.REGISTERING)
+    pipe.feed(MESSAGES[WORD.DONE])
+    assert inbox.decide(inbox.next()) is ACT.END and inbox.phase is WP.ENDED
+    pipe.inbox.put(None)  # the connection closes
+    inbox.reader.join(60)
+    assert not inbox.reader.is_alive() and raised == []
