@@ -206,6 +206,7 @@ class RayExecutor:
         self.timeout_s = _start_timeout(start_timeout)
         self.strategy = placement_strategy
         self._pg = None
+        self._cpus_free = 0.0  # the cluster's free CPUs before the placement group
         self._actors: list = []
         self._watch: _world.StallWatch | None = None
 
@@ -226,6 +227,7 @@ class RayExecutor:
         each = self.per_bundle  # ranks per bundle: num_workers_per_host, else 1
         bundle = {"CPU": self.cpus * each} | ({"GPU": self.gpus * each} if self.gpus else {})
         bundles = [dict(bundle) for _ in range(self.num_workers // each)]
+        self._cpus_free = ray.available_resources().get("CPU", 0.0)  # before our bundles
         self._pg = placement_group(bundles, strategy=self.strategy)
         try:
             ray.get(self._pg.ready(), timeout=self.timeout_s)
@@ -307,7 +309,7 @@ class RayExecutor:
                 pass
         self._actors = []
         if self._pg is not None:
-            _remove_and_wait(ray, self._pg)
+            _remove_and_wait(ray, self._pg, self._cpus_free)
             self._pg = None
 
     def _check_resources(self, ray) -> None:
@@ -373,12 +375,16 @@ class _Rank:
 REMOVE_WAIT_S = 30.0
 
 
-def _remove_and_wait(ray, pg) -> None:
+def _remove_and_wait(ray, pg, cpus_free: float = 0.0) -> None:
     """Remove the placement group and wait until Ray has (its bundles are free again).
 
     Ray removes it asynchronously: a ``run`` that started at once could find
     the last run's CPUs still held and be placed otherwise (``SPREAD`` packing
-    what it would have spread), so each run starts on a cluster as it was.
+    what it would have spread), so each run starts on a cluster as it was. The
+    group's state says ``REMOVED`` before its actors' CPUs are back, so the wait
+    also lasts until the cluster has the CPUs free that it had before the group
+    (``cpus_free``; at most what the cluster still has, if a node went away),
+    at most :data:`REMOVE_WAIT_S` in all.
     """
     import time
 
@@ -388,7 +394,9 @@ def _remove_and_wait(ray, pg) -> None:
     try:
         remove_placement_group(pg)
         deadline = time.monotonic() + REMOVE_WAIT_S
-        while placement_group_table(pg).get("state") != "REMOVED":
+        while placement_group_table(pg).get("state") != "REMOVED" or ray.available_resources().get(
+            "CPU", 0.0
+        ) < min(cpus_free, ray.cluster_resources().get("CPU", 0.0)):
             if time.monotonic() > deadline:
                 log.warning("hvdkit.ray: placement group %s not removed yet", pg.id.hex())
                 return
