@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from .protocol import Channel
+from .wakeup import Wakeup
 
 log = logging.getLogger("hvdkit.protocol")
 LOOK_EVERY_S = 1.0  # how often the silence of every channel (and a close elsewhere) is checked
@@ -54,9 +55,8 @@ class Listener:
     ):
         self._heard, self._ended = heard, ended
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._wakeup = Wakeup()
+        self._selector.register(self._wakeup, selectors.EVENT_READ, None)
         self._adding: list[tuple[Channel, object]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -68,21 +68,15 @@ class Listener:
         """Listen to ``channel`` from now on; ``who`` is what the callbacks are given."""
         with self._lock:
             self._adding.append((channel, who))
-        self._wake()
+        self._wakeup.set()
 
     def close(self) -> None:
         """Stop listening (the channels stay open) and wait for the thread to end."""
         with self._lock:
             self._closed = True
-        self._wake()
+        self._wakeup.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass  # its buffer is full: the thread is woken already
 
     # ------------------------------------------------------------ the listener's thread
     def _loop(self) -> None:
@@ -101,16 +95,11 @@ class Listener:
                     next_look = time.monotonic() + LOOK_EVERY_S
         finally:
             self._selector.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            self._wakeup.close()
 
     def _take_additions(self) -> bool:
         """Register the channels added since; False once closed."""
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wakeup.clear()
         with self._lock:
             adding, self._adding = self._adding, []
             if self._closed:

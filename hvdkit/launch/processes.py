@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from .wakeup import Wakeup
+
 
 def bin_dir() -> str:
     """The folder of the running interpreter: a venv's ``bin`` when called by path."""
@@ -93,35 +95,6 @@ class Ended:
     stalled: list[tuple[int, float]] = field(default_factory=list)  # (rank, seconds silent)
     stuck: str = ""  # ranks alive but waiting in different collectives (heartbeat.stuck_report)
     reasons: list[str] = field(default_factory=list)  # why it was told to stop, if it was
-
-
-class Wakeup:
-    """A wait another thread can end early: :func:`supervise` waits on it besides its child.
-
-    >>> wake = Wakeup()
-    >>> wake.set()          # from any thread, as often as wanted; never blocks
-    >>> wake.close()
-    """
-
-    def __init__(self):
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def set(self) -> None:
-        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed
-            os.write(self._w, b"!")
-
-    def fileno(self) -> int:
-        return self._r
-
-    def clear(self) -> None:
-        with contextlib.suppress(OSError):
-            while os.read(self._r, 512):
-                pass
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 class _ExitWatch:

@@ -32,6 +32,7 @@ from .heartbeat import HeartbeatMonitor, horovod_stall_env, monitor_addr, stall_
 from .output import RankOutput
 from .preempt import SigtermForwarding, preempted_step
 from .protocol import Channel
+from .wakeup import Wakeup
 from .worker_states import PROGRAM_PHASES, Act, Word, WorkerPhase, decide, verdict, word_of
 
 log = logging.getLogger("hvdkit.worker")
@@ -176,7 +177,7 @@ class _Inbox:
         self._lock = threading.Lock()
         self._round: _Running | None = None
         self.phase = WorkerPhase.REGISTERING
-        self.wake = processes.Wakeup()
+        self.wake = Wakeup()
         self.reader = threading.Thread(target=self._loop, args=(ch,), daemon=True)
         self.reader.start()
 

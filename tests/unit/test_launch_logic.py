@@ -958,9 +958,9 @@ def test_supervise_looks_again_as_soon_as_a_tick_asks(tmp_path):
 
 
 def test_a_wakeup_from_another_thread_ends_the_wait_and_is_cleared(tmp_path):
-    from hvdkit.launch import processes
+    from hvdkit.launch.wakeup import Wakeup
 
-    gate, ticks, wake = tmp_path / "gate", [], processes.Wakeup()
+    gate, ticks, wake = tmp_path / "gate", [], Wakeup()
     woken_twice = threading.Event()
 
     def tick():
