@@ -14,7 +14,8 @@ Faults: Spark aborts the whole job when a task of a barrier *result* stage
 fails ("Could not recover from a failed barrier ResultStage", checked with
 pyspark 4.3.0); only a barrier shuffle-map stage is resubmitted. So hvdkit
 retries itself: when an executor is lost (or a rank's collective failed
-because a peer was), it waits for ``num_proc`` task slots again and runs the
+because a peer was), it waits for ``num_proc`` task slots again (up to
+``start_timeout``, for Spark to replace the lost executor) and runs the
 stage anew, up to ``max_restarts`` times (by default Spark's own
 ``spark.stage.maxConsecutiveAttempts`` - 1 = 3). ``fn`` resumes from its own
 ``hvdkit.Checkpointer`` on a shared folder. An error that ``fn`` itself
@@ -63,8 +64,13 @@ log = logging.getLogger("hvdkit.spark")
 
 SLOT_POLL_S = 0.5
 # num_proc above the slots fails once the registered slots have not changed for this
-# long (executors that are still starting register within seconds of each other)
+# long (executors that are still starting register within seconds of each other). Not
+# on a retry: the previous attempt had the slots, and the replacement of a lost executor
+# (the standalone master schedules one after every executor exit) can take longer.
 SLOTS_SETTLED_S = 10.0
+# The slot waits' clock, module attributes so that a test scripts time instead of sleeping.
+_monotonic = time.monotonic
+_sleep = time.sleep
 RANK_ERROR = "hvdkit-rank-error"  # marks a task failure whose cause is fn's own error
 
 
@@ -101,8 +107,8 @@ def run(
             once executors have registered.
         start_timeout: seconds to wait for ``num_proc`` task slots (a driver
             that calls ``run`` right after building its session waits for the
-            executors) and for the ranks to meet. ``None``:
-            ``HOROVOD_SPARK_START_TIMEOUT``, else 600.
+            executors; a retry waits for a lost executor's replacement) and for
+            the ranks to meet. ``None``: ``HOROVOD_SPARK_START_TIMEOUT``, else 600.
         use_mpi, extra_mpi_args, nics: Horovod's; only ``None``/``False``
             (Spark starts no MPI launcher; hvdkit picks each host's interface
             towards rank 0 itself).
@@ -126,8 +132,9 @@ def run(
             the slots did not come within ``start_timeout``, or the ranks
             cannot reach rank 0.
         NotSupportedError: MPI asked for.
-        LaunchError: ``fn`` raised on a rank (its traceback), or the stage
-            failed ``max_restarts + 1`` times.
+        LaunchError: ``fn`` raised on a rank (its traceback), the stage
+            failed ``max_restarts + 1`` times, or a retry's task slots did not
+            come back within ``start_timeout``.
 
     Example:
         >>> hvdkit.spark.run(lambda: __import__("hvdkit").size(), num_proc=2)  # doctest: +SKIP
@@ -173,7 +180,7 @@ def run(
     )
     try:
         for attempt in range(max_restarts + 1):
-            slots = _wait_for_slots(sc, num_proc, timeout)
+            slots = _wait_for_slots(sc, num_proc, timeout, retry=attempt > 0)
             if verbose >= 2:
                 print(f"hvdkit.spark: {num_proc} ranks on {slots} task slots", file=sys.stderr)
             try:
@@ -188,7 +195,8 @@ def run(
                 if verbose >= 1:
                     print(
                         f"hvdkit.spark: attempt {attempt + 1} lost a rank ({lost}); running "
-                        f"the stage again ({max_restarts - attempt} more allowed)",
+                        f"the stage again once {num_proc} task slots are back, within "
+                        f"{timeout:g} s ({max_restarts - attempt} more attempts allowed)",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -273,22 +281,38 @@ def task_slots(sc) -> int:
     return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
 
 
-def _wait_for_slots(sc, needed: int, timeout_s: float) -> int:
+def _wait_for_slots(sc, needed: int, timeout_s: float, *, retry: bool = False) -> int:
     """Wait until the executors offer ``needed`` task slots; their number.
 
+    A first attempt gives up early when the slots stop growing short of
+    ``needed``: the cluster is too small. A ``retry`` (after an attempt lost an
+    executor) had the slots a moment ago, so it waits the whole ``timeout_s`` for
+    the lost executor's replacement, however long the slots stay short.
+
     Raises:
-        ConfigurationError: the slots stopped growing short of ``needed``
-            (for :data:`SLOTS_SETTLED_S`), or ``timeout_s`` passed.
+        ConfigurationError: a first attempt's slots stopped growing short of
+            ``needed`` (for :data:`SLOTS_SETTLED_S`), or ``timeout_s`` passed.
+        LaunchError: a retry's slots did not come back within ``timeout_s``.
     """
-    start = time.monotonic()
+    start = _monotonic()
     slots, since = task_slots(sc), start
     while slots < needed:
-        time.sleep(SLOT_POLL_S)
-        now, seen = time.monotonic(), task_slots(sc)
+        _sleep(SLOT_POLL_S)
+        now, seen = _monotonic(), task_slots(sc)
         if seen != slots:
             slots, since = seen, now
-        settled = slots > 0 and now - since >= SLOTS_SETTLED_S
-        if settled or now - start >= timeout_s:
+        timed_out = now - start >= timeout_s
+        if retry and timed_out:
+            raise LaunchError(
+                f"hvdkit.spark.run: an executor was lost, and the stage's next attempt needs "
+                f"{needed} task slots again, but the cluster has {slots} after "
+                f"start_timeout={timeout_s:g} s. If the executors take longer to come back, "
+                "raise start_timeout; else see the Spark master's and workers' logs for why "
+                "the lost executor was not relaunched (a worker that is gone is not replaced; "
+                "spark.deploy.maxExecutorRetries)."
+            )
+        settled = not retry and slots > 0 and now - since >= SLOTS_SETTLED_S
+        if settled or timed_out:
             cpus = sc.getConf().get("spark.task.cpus", "1")
             raise ConfigurationError(
                 f"hvdkit.spark.run(num_proc={needed}) needs {needed} task slots at once (a "
