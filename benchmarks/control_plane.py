@@ -325,6 +325,12 @@ def fmt(v, scale=1.0, digits=2) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}"
 
 
+def _messages(r: dict) -> tuple[int, int]:
+    """Messages both ways per regroup and per preemption, in a row."""
+    regroup = sum(r["regroup_msgs"].values()) + sum(r["regroup_said"].values())
+    return regroup, sum(r["preempt_msgs"].values()) + sum(r["preempt_said"].values())
+
+
 def table(rows: list[dict]) -> str:
     head = (
         f"{'N':>5} {'hosts':>5} {'register s':>10} {'CPU %':>6} {'RSS MiB':>8} {'threads':>7} "
@@ -333,14 +339,33 @@ def table(rows: list[dict]) -> str:
     )
     lines = [head]
     for r in rows:
-        regroup = sum(r["regroup_msgs"].values()) + sum(r["regroup_said"].values())
-        preempt = sum(r["preempt_msgs"].values()) + sum(r["preempt_said"].values())
+        regroup, preempt = _messages(r)
         lines.append(
             f"{r['n']:>5} {r['hosts']:>5} {fmt(r['register_s']):>10} "
             f"{fmt(r['steady_cpu_share'], 100, 1):>6} {r['steady_rss_mib']:>8} "
             f"{r['scheduler_threads']:>7} {fmt(r['regroup_s'], 1, 3):>9} "
             f"{fmt(r['go_s'], 1, 3):>6} {fmt(r['preempt_s'], 1, 3):>9} "
             f"{fmt(r['done_s'], 1, 3):>6} {regroup:>12} {preempt:>12}"
+        )
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """docs/performance.md's control plane table of ``rows`` (a run's ``rows``)."""
+    lines = [
+        "| workers (machines) | all registered and assigned, s | scheduler CPU, % of a core "
+        "| RSS, MiB | threads | a loss to every survivor assigned, s | ... told `go`, s "
+        "| `SIGTERM` to every worker told `preempt`, s | ... told the end, s "
+        "| messages per regroup / preemption |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        regroup, preempt = _messages(r)
+        lines.append(
+            f"| {r['n']:,} ({r['hosts']}) | {r['register_s']:.2f} "
+            f"| {100 * r['steady_cpu_share']:.1f} | {r['steady_rss_mib']:.0f} "
+            f"| {r['scheduler_threads']} | {r['regroup_s']:.2f} | {r['go_s']:.2f} "
+            f"| {r['preempt_s']:.3f} | {r['done_s']:.2f} | {regroup:,} / {preempt:,} |"
         )
     return "\n".join(lines)
 
@@ -412,6 +437,8 @@ def main() -> int:
         print(table(rows).splitlines()[-1], flush=True)
     print()
     print(table(rows))
+    print()
+    print(markdown_table(rows))
     if before:
         print("\nthe scheduler reading each channel on a thread of its own:")
         print(table(before))
