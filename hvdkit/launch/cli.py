@@ -476,7 +476,20 @@ class _Attempt:
             preempted = preempted_step(monitor)
         finally:
             monitor.close()
-        if preempted is not None:
+        return self.decide(ended, preempted, exited_ok)
+
+    def decide(
+        self, ended: processes.Ended, preempted: int | None, exited_ok: list[int]
+    ) -> tuple[int, str | None]:
+        """How the attempt ended: (exit status, cause of failure to restart for, or None).
+
+        A job hvdkitrun stopped for a stalled or stuck rank ends so (EXIT_STALLED),
+        even if its ranks, on the stop's SIGTERM, agreed a step and recorded a
+        preemption: nothing preempted the job, and a restart resumes from that
+        checkpoint.
+        """
+        job = self.job
+        if preempted is not None and not (ended.stalled or ended.stuck):
             job.out.launcher_line(
                 f"hvdkitrun: preempted: every rank stopped after step {preempted}, which the "
                 "checkpoint holds; run the same command again to resume from it."
@@ -522,8 +535,12 @@ class _Attempt:
         """Whether every rank of the job has said it finished (heartbeat bye)."""
         return len(_finished_ranks(self.monitor)) >= self.job.np
 
-    def on_stall(self, stalled: list[tuple[int, float]]) -> None:
-        """Before the job is stopped: name a stalled rank and kill it outright."""
+    def on_stall(self, stalled: list[tuple[int, float]], stuck: str) -> None:
+        """Before the job is stopped: name a stalled rank and kill it outright.
+
+        Stuck ranks (``stuck``) are left to the job's stop: its SIGTERM may let
+        them checkpoint a common step on the way out (:meth:`decide`).
+        """
         if stalled:
             r, age = stalled[0]
             self.job.out.launcher_line(

@@ -135,7 +135,7 @@ def supervise(
     stop_reasons: list[str],
     *,
     on_tick: Callable[[], float | None] | None = None,
-    on_stop: Callable[[list[tuple[int, float]]], None] | None = None,
+    on_stop: Callable[[list[tuple[int, float]], str], None] | None = None,
     poll_s: float = 0.25,
     stuck_s: float | None = None,
     wake: Wakeup | None = None,
@@ -150,7 +150,9 @@ def supervise(
     filled by other threads (signals, the scheduler's abort). ``on_tick`` runs
     at least every ``poll_s`` (or as soon as the seconds it returns, if fewer),
     at once when ``child`` exits, and when another thread sets ``wake``;
-    ``on_stop(stalled)`` runs before the group is stopped.
+    ``on_stop(stalled, stuck)`` runs before the group is stopped (:func:`stop_group`:
+    SIGTERM, which an hvdkit rank takes as a preemption): the place to kill
+    outright a rank that must not take it so.
     """
     stalled: list[tuple[int, float]] = []
     stuck = ""
@@ -167,7 +169,7 @@ def supervise(
     reasons = list(stop_reasons)
     if child.poll() is None:
         if on_stop is not None:
-            on_stop(stalled)
+            on_stop(stalled, stuck)
         stop_group(child.pid)
     child.wait()
     return Ended(child.returncode, stalled, stuck=stuck, reasons=reasons)

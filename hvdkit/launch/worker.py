@@ -602,15 +602,20 @@ class _ProgramRun:
             return "received SIGTERM" if term else self.running.preempt[0]
         return None
 
-    def _on_stop(self, stalled) -> None:
+    def _on_stop(self, stalled, stuck: str) -> None:
         if stalled:
             log.error(
                 "rank %d stalled: no heartbeat for %.0f s; stopping it", self.rank, stalled[0][1]
             )
-            # A frozen rank is killed outright, as hvdkitrun does (launch/cli.py): the
-            # group's stop thaws it (SIGCONT) with SIGTERM pending, so it would run on for
-            # the 5 s grace, and in an elastic job into the next world, where its SIGTERM
-            # asks every rank for a preemption (seen: the whole job stopped, exit 75).
+        elif stuck:
+            log.error("rank %d waited in one collective too long; killing it", self.rank)
+        if stalled or stuck:
+            # A frozen or stuck rank is killed outright, never sent SIGTERM: a rank takes
+            # SIGTERM as a preemption, and once its peers move (a thawed freeze; a peer's
+            # long rank-local section ends) it agrees a step with them and every rank
+            # stops "preempted" (seen: a fault-free elastic job ended exit 75 after one
+            # rank spent 20.7 s in tf.data's iterator destructor). Killed, it is a lost
+            # rank: the others go on without it (elastic) or the job restarts.
             processes.kill(_ranks(self.child, self.monitor) or _own(self.child.pid))
 
     # ------------------------------------------------------------ after it ended

@@ -207,25 +207,34 @@ def verdict(
     ``finished_first``: the program's ranks had finished training when SIGTERM
     came (:meth:`~hvdkit.launch.preempt.SigtermForwarding.ended_after_the_end`).
 
+    A run this worker stopped for a stalled or stuck rank is reported as
+    that, with a nonzero code other than ``EXIT_PREEMPTED``, even if its ranks
+    recorded a preempted step: a preemption is the job's stop, this a lost rank.
+
     Example:
         >>> verdict(Ended(0), None, 0, 120.0, [], False)
         Verdict(code=0, detail='exit code 0', status=0, notes=())
     """
-    if preempted is not None:
+    if preempted is not None and not (end.stalled or end.stuck):
         note = ("warning", f"rank {rank} stopped after step {preempted} for a preemption")
         detail = f"preempted after step {preempted}"
         return Verdict(config.EXIT_PREEMPTED, detail, config.EXIT_PREEMPTED, (note,))
     code, notes = end.returncode, []
+    failed = code if code > 0 and code != config.EXIT_PREEMPTED else 1
     if end.stalled:
         silent = end.stalled[0][1]
         detail = f"stalled: no heartbeat for {silent:.0f} s (stall timeout {stall_s:g} s)"
-        code = code if code > 0 else 1
+        code = failed
     elif end.stuck:
         detail = end.stuck
         notes.append(("error", f"rank {rank} stopped: {detail}"))
-        code = code if code > 0 else 1
+        code = failed
     else:
         detail = describe_exit(code)
+    if preempted is not None:  # stalled or stuck: that is what stopped it
+        how = "stalled" if end.stalled else "stuck"
+        said = f"rank {rank} recorded a preemption after step {preempted}; reported as {how}"
+        notes.append(("warning", said))
     if end.reasons and not end.stalled:
         notes.append(("error", f"rank {rank} stopped: {end.reasons[0]}"))
     if code == 0 and signals:  # this worker was told to stop: was the program's work over?

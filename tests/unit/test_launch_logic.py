@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -780,6 +781,31 @@ def test_ctrl_c_stops_at_once_even_after_the_end():
         attempt.monitor.close()
 
 
+STUCK_REPORT = "ranks stuck in different collectives for more than 2 s: rank 0 waits"
+
+
+@pytest.mark.parametrize(
+    "stalled, stuck, want",
+    [
+        ([(1, 31.0)], "", (cli.EXIT_STALLED, "rank 1 stalled (no heartbeat for 31 s)")),
+        ([], STUCK_REPORT, (cli.EXIT_STALLED, STUCK_REPORT)),
+        ([], "", (config.EXIT_PREEMPTED, None)),  # a preemption, and nothing else
+    ],
+)
+def test_a_job_stopped_stalled_or_stuck_is_not_preempted_though_its_ranks_say_so(
+    stalled, stuck, want
+):
+    # The stop's SIGTERM can let stuck ranks agree a step and record a preemption
+    # on the way out: the job still ends stalled, with a cause to restart for.
+    from hvdkit.launch.processes import Ended
+
+    attempt = attempt_with([False, False], [])
+    try:
+        assert attempt.decide(Ended(1, stalled, stuck=stuck), 7, []) == want
+    finally:
+        attempt.monitor.close()
+
+
 class _Child:
     """A horovodrun that ended with ``returncode`` (as ``processes.supervise`` reports it)."""
 
@@ -955,6 +981,42 @@ def test_supervise_looks_again_as_soon_as_a_tick_asks(tmp_path):
     t.join(120)
     assert not t.is_alive()
     assert child.returncode == 3 and len(ticks) >= 5
+
+
+class _StoppingMonitor:
+    """One rank (``pid``): silent for 31 s (``stalled``), else waiting in a collective too long."""
+
+    def __init__(self, pid: int, stalled: bool):
+        self.pid, self.stalled = pid, stalled
+
+    def silent_ranks(self, stall_s):
+        return [(0, 31.0)] if self.stalled else []
+
+    def stuck_report(self, stuck_s):
+        return "" if self.stalled else "ranks stuck in different collectives for more than 2 s"
+
+    def local_pids(self):
+        return {0: self.pid}
+
+
+@pytest.mark.parametrize("stalled", [True, False], ids=["stalled", "stuck"])
+def test_a_worker_kills_a_stalled_or_stuck_rank_without_a_sigterm(tmp_path, stalled):
+    # SIGTERM asks an hvdkit rank for a preemption: a rank its worker stops for a
+    # stall or a stuck wait must never get one (this rank would note it and exit 75).
+    from hvdkit.launch import processes, worker
+
+    ready, termed = tmp_path / "ready", tmp_path / "termed"
+    script = f'trap "touch {termed}; exit 75" TERM; touch {ready}; while :; do sleep 0.05; done'
+    child = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    run = worker._ProgramRun(None, {"rank": 0}, [])
+    run.child, run.monitor = child, _StoppingMonitor(child.pid, stalled)
+    for _ in range(12000):  # the trap is set: the child's SIGTERM would be seen
+        if ready.exists() or child.poll() is not None:
+            break
+        time.sleep(0.01)
+    ended = processes.supervise(child, run.monitor, 2.0, [], on_stop=run._on_stop)
+    assert (child.returncode, termed.exists()) == (-9, False)
+    assert (bool(ended.stalled), bool(ended.stuck)) == (stalled, not stalled)
 
 
 def test_a_wakeup_from_another_thread_ends_the_wait_and_is_cleared(tmp_path):

@@ -824,6 +824,12 @@ def _ended(code=0, stalled=(), stuck="", reasons=()):
             False,
             (1, "stuck: ranks wait apart", 1),
         ),
+        # stopped by its worker, stalled or stuck: never reported preempted (nor 75)
+        (_ended(-9, stuck=STUCK), 40, [], False, (1, STUCK, 1)),
+        (_ended(75, stuck=STUCK), 40, ["SIGTERM"], False, (1, STUCK, 1)),
+        (_ended(75, stalled=[(0, 31.2)]), 40, [], False, (1, STALLED, 1)),
+        (_ended(75, stuck=STUCK), None, [], False, (1, STUCK, 1)),
+        (_ended(3, stuck=STUCK), 40, [], False, (3, STUCK, 3)),
         (_ended(0), None, ["SIGTERM"], True, (0, "exit code 0", 0)),
         (_ended(0), None, ["SIGTERM"], False, (0, "exit code 0", 1)),
         (_ended(0, reasons=["x"]), None, ["SIGTERM"], True, (0, "exit code 0", 1)),
