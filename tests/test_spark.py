@@ -120,6 +120,8 @@ def test_a_killed_executor_ends_with_the_uninterrupted_weights(seen):
     assert [r["step"] for r in resumed] == [r["step"] for r in plain]
     assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
     assert "hvdkit.spark: attempt 1 lost a rank" in seen["output"]
+    # the retry waited for the replacement executor (tests/unit/test_spark_retry.py)
+    assert "running the stage again once 2 task slots are back" in seen["output"]
 
 
 def test_a_frozen_rank_ends_its_stage_at_the_stall_timeout_and_the_job_resumes(seen):
