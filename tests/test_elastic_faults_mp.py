@@ -24,6 +24,10 @@ A third test aims a SIGKILL and a freeze at the job's very first start (round
 0, no regroup before it): the two others, inside their script's
 ``hvdkit.init()``, meet round 1 in their processes.
 
+A fourth (2 workers) holds one rank in its own code while the other waits in a
+collective: the waiting rank's worker kills it as stuck, a lost rank the job
+goes on without, not a preemption.
+
 No test bounds wall-clock time; the freeze's time to train again is printed
 (``-s``) for docs/fault-tolerance.md.
 """
@@ -256,6 +260,52 @@ def test_a_rank_killed_or_frozen_as_the_job_first_starts_costs_one_regroup(
     assert len(job_w) == len(ref_w) == 2, (len(job_w), len(ref_w))
     for w in job_w + ref_w[1:]:
         np.testing.assert_array_equal(w, ref_w[0])
+    ids = trained_ids(out)
+    assert sorted(ids) == list(range(EPOCHS)), sorted(ids)
+    for epoch, counts in ids.items():
+        assert counts == collections.Counter(range(SAMPLES)), (epoch, counts)
+
+
+def test_a_rank_its_worker_finds_stuck_is_killed_a_lost_rank_not_a_preemption(tmp_path):
+    """Rank 1 of 2 pauses rank-locally at a step (the phase hook's ``pause``: its heartbeats
+    go on) while rank 0 waits for it in a collective. Rank 0's worker finds rank 0 stuck
+    after twice the stall timeout (+ 5 s), kills it outright (a SIGTERM would ask it for a
+    preemption) and reports it stuck: a lost rank, so rank 1 goes on alone in-process as
+    round 1 once released (the test releases it after the scheduler took the report), and
+    the job ends 0, nowhere "preempted", every sample of every epoch trained once. The
+    killed rank's worker does not join again (``HVDKIT_MAX_RESTARTS=0``: no return)."""
+    root = tmp_path / "job"
+    hook = root / "hook"
+    hook.mkdir(parents=True)
+    (hook / "trap").write_text(json.dumps({"phase": "step", "action": "pause", "rank": 1}))
+    job, out = start_job(
+        root,
+        "--mask-padding",
+        workers=2,
+        HVDKIT_ELASTIC="1",
+        HVDKIT_MIN_WORKERS="1",
+        HVDKIT_MAX_RESTARTS="0",
+        HVDKIT_PHASE_HOOK=str(hook),
+        HVDKIT_STALL_TIMEOUT="3",  # stuck after 2 * 3 + 5 s
+        # Horovod's own stall shutdown (stall timeout + 10 s) stays out of the way
+        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="600",
+    )
+    hit = wait_for_hit(job, hook)
+    job.wait_for("scheduler", "1 of 2 workers go on in-process as round 1")
+    (hook / f"release.{hit['pid']}").touch()
+    result = job.finish()
+    report = "\n".join(f"--- {n} ({c})\n{o[-3000:]}" for n, (c, o) in result.items())
+    sched = result["scheduler"][1]
+    assert {n: c for n, (c, _) in result.items()} == dict.fromkeys(result, 0), report
+    assert (hit["rank"], hit["size"], hit["round"]) == (1, 2, 0), hit
+    assert "rank 0 ranks stuck in different collectives for more than 6 s" in sched, report
+    workers = "".join(o for n, (_, o) in result.items() if n != "scheduler")
+    assert "rank 0 waited in one collective too long; killing it" in workers, report
+    assert "does not join again: its program came back 0 of 0 times" in sched, report
+    assert "preempted" not in "".join(o for _, o in result.values()), report
+    changes = {int(r): (int(s), int(n)) for r, n, s in AGAIN.findall(sched)}
+    assert list(changes) == [1] and changes[1][1] == 1, (changes, report)
+    assert sorted(p.name for p in out.glob("result-*")) == ["result-a0-r1.json"], report
     ids = trained_ids(out)
     assert sorted(ids) == list(range(EPOCHS)), sorted(ids)
     for epoch, counts in ids.items():
