@@ -77,6 +77,7 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "executor",
         "too_many",
         "bad_cpus",
+        "unpicklable",
         "fn_raises",
     ]
 
@@ -130,6 +131,13 @@ def test_more_workers_than_cpus_fails_within_seconds_naming_them(seen):
 def test_bad_argument_names_the_value(seen):
     entry = error(seen, "bad_cpus")
     assert entry["type"] == "ConfigurationError" and "cpus_per_worker=0" in entry["error"]
+
+
+def test_unpicklable_fn_is_refused_naming_it_and_the_object(seen):
+    entry = error(seen, "unpicklable")
+    assert entry["type"] == "ConfigurationError", entry
+    assert "hvdkit.ray cannot send <lambda>" in entry["error"] and "lock" in entry["error"]
+    assert "inside fn" in entry["error"]
 
 
 def test_the_functions_own_error_comes_back_and_is_not_retried(seen):

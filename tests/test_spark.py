@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -119,7 +120,10 @@ def test_a_killed_executor_ends_with_the_uninterrupted_weights(seen):
     assert resumed[0]["resumed_from"] >= 5, resumed  # a second attempt, from a checkpoint
     assert [r["step"] for r in resumed] == [r["step"] for r in plain]
     assert {r["fingerprint"] for r in resumed} == {plain[0]["fingerprint"]}
-    assert "hvdkit.spark: attempt 1 lost a rank" in seen["output"]
+    # the retry's line names the lost rank and why: its executor, or (if its peer's task
+    # failed first) the peer's lost collective (tests/unit/test_cluster_errors.py)
+    said = r"hvdkit.spark: attempt 1 lost a rank \(rank [01](: ExecutorLostFailure| lost a peer)"
+    assert re.search(said, seen["output"]), seen["output"][-3000:]
     # the retry waited for the replacement executor (tests/unit/test_spark_retry.py)
     assert "running the stage again once 2 task slots are back" in seen["output"]
 

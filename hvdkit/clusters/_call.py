@@ -50,19 +50,41 @@ def summary(text: str) -> str:
     return (lines[-1] if lines else "")[:300]
 
 
+def cannot_load(exc: Exception) -> str:
+    """Why this rank could not load ``fn`` and its arguments, and the fix.
+
+    cloudpickle sends a function of the driver script by value, but one
+    imported from another module by that module's name: the executor must be
+    able to import it (a retry would fail the same way).
+    """
+    text = f"this rank cannot load fn and its arguments: {type(exc).__name__}: {exc}."
+    if isinstance(exc, ImportError):
+        text += (
+            " fn (or an argument) comes from a module the executors cannot import: ship it "
+            "with the job (spark-submit --py-files module.py, or sc.addPyFile), or send it "
+            "by value: pyspark.cloudpickle.register_pickle_by_value(module) in the driver."
+        )
+    return text
+
+
 def main(argv: list[str]) -> int:
     from ..launch.processes import die_with_parent
 
     die_with_parent(signal.SIGKILL)  # the task's process ended: so does its rank
     call, result = argv
-    with open(call, "rb") as f:
-        fn, args, kwargs = pickle.load(f)
     try:
-        value = fn(*args, **kwargs)
-        out = (OK, value)
-    except BaseException as exc:  # the rank's error goes to the driver whole
-        traceback.print_exc()
-        out = (RAISED, kind_of(exc), "".join(traceback.format_exception(exc)))
+        with open(call, "rb") as f:
+            fn, args, kwargs = pickle.load(f)
+    except Exception as exc:  # fn refers to a module the executor does not have
+        out = (RAISED, FN_ERROR, cannot_load(exc))
+        print(out[2], file=sys.stderr)
+    else:
+        try:
+            value = fn(*args, **kwargs)
+            out = (OK, value)
+        except BaseException as exc:  # the rank's error goes to the driver whole
+            traceback.print_exc()
+            out = (RAISED, kind_of(exc), "".join(traceback.format_exception(exc)))
     try:
         payload = pickle.dumps(out)
     except Exception as exc:  # the return value cannot travel

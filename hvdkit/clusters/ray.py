@@ -117,8 +117,8 @@ def run(
         placement_strategy=placement_strategy,
     )
     for attempt in range(max_restarts + 1):
-        executor.start()
         try:
+            executor.start()  # an actor lost while the ranks meet is a lost rank too
             return executor.run(fn, args, kwargs)
         except _RankLost as lost:
             if attempt == max_restarts:
@@ -138,8 +138,12 @@ def run(
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-class _RankLost(Exception):
-    """An actor, its node or a peer of a rank was lost: worth starting again."""
+class _RankLost(LaunchError):
+    """An actor, its node or a peer of a rank was lost: worth starting again.
+
+    :func:`run` starts the ranks again; a :class:`RayExecutor` user gets it as
+    the ``LaunchError`` it is.
+    """
 
 
 class RayExecutor:
@@ -215,7 +219,6 @@ class RayExecutor:
         ray = _ray()
         self._check_resources(ray)
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if self.use_current_placement_group and ray.util.get_current_placement_group():
             raise NotSupportedError(
@@ -230,9 +233,19 @@ class RayExecutor:
         self._cpus_free = ray.available_resources().get("CPU", 0.0)  # before our bundles
         self._pg = placement_group(bundles, strategy=self.strategy)
         try:
+            self._start_ranks(ray, bundle)
+        except BaseException:  # whatever failed, no actor or bundle of it is left behind
+            self.shutdown()
+            raise
+
+    def _start_ranks(self, ray, bundle: dict) -> None:
+        """Once the placement group is ready: one actor per rank, and the ranks meet."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        each = self.per_bundle
+        try:
             ray.get(self._pg.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            self.shutdown()
             raise ConfigurationError(
                 f"Ray could not place {self.num_workers} ranks of {bundle} with "
                 f"{self.strategy} within {self.timeout_s:g} s (start_timeout); the cluster has "
@@ -270,7 +283,15 @@ class RayExecutor:
         if not self._actors:
             raise ConfigurationError("RayExecutor.run before start(); call start() first.")
         ray = _ray()
-        refs = [a.call.remote(fn, tuple(args), dict(kwargs or {})) for a in self._actors]
+        try:
+            refs = [a.call.remote(fn, tuple(args), dict(kwargs or {})) for a in self._actors]
+        except TypeError as exc:  # Ray's serializer: "Could not serialize the argument ..."
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise ConfigurationError(
+                f"hvdkit.ray cannot send {name} and its arguments to the ranks ({exc}). Build "
+                "such objects (sessions, locks, open files, models) inside fn, and pass only "
+                "plain data (or ray.put references) as args."
+            ) from None
         rank_of = {ref: i for i, ref in enumerate(refs)}
         results: dict[int, Any] = {}
         pending = list(refs)
@@ -326,17 +347,16 @@ class RayExecutor:
                 )
 
     def _get(self, refs: list) -> list:
+        """``ray.get`` while the ranks start (:meth:`start` shuts down on any error)."""
         ray = _ray()
         try:
             return ray.get(refs, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            self.shutdown()
             raise ConfigurationError(
                 f"hvdkit.ray: the ranks did not start and meet within {self.timeout_s:g} s "
                 "(start_timeout); see the Ray logs of the actors."
             ) from None
         except ray.exceptions.RayTaskError as exc:  # a rank's set-up raised: no retry helps
-            self.shutdown()
             raise ConfigurationError(f"hvdkit.ray: a rank could not start: {exc}") from None
         except ray.exceptions.RayError as exc:  # an actor died while starting
             raise _RankLost(f"while starting: {type(exc).__name__}") from None
@@ -405,13 +425,14 @@ def _remove_and_wait(ray, pg, cpus_free: float = 0.0) -> None:
         log.debug("hvdkit.ray: removing the placement group: %s", exc)
 
 
+_NEEDS_RAY = "hvdkit.ray needs Ray: pip install 'ray' (the version of your cluster)."
+
+
 def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigurationError(
-            "hvdkit.ray needs Ray: pip install 'ray' (the version of your cluster)."
-        ) from None
+        raise ConfigurationError(_NEEDS_RAY) from None
     if not ray.is_initialized():
         ray.init()  # the cluster this node belongs to (RAY_ADDRESS), else a local one
     return ray

@@ -42,6 +42,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import secrets
 import socket
 import subprocess
@@ -389,16 +390,40 @@ def _one_stage(sc, spec: _TaskSpec, num_proc: int, relay: _Relay) -> list:
     if silent:
         raise _StageLost(silent)
     if "error" in done:
-        text = str(done["error"])
-        reported = sorted(relay.errors.items())
-        fn_errors = {r: trace for r, (kind, trace) in reported if kind == _call.FN_ERROR}
-        if fn_errors or RANK_ERROR in text:
-            rank, trace = next(iter(fn_errors.items()), (None, _between(text, RANK_ERROR)))
-            raise LaunchError(
-                f"hvdkit.spark.run: fn raised on rank {rank if rank is not None else '?'}:\n{trace}"
-            )
-        raise _StageLost(_first_line(text))
+        raise _failure(str(done["error"]), relay.errors)
     return [value for _, value in sorted(done["pairs"], key=lambda p: p[0])]
+
+
+# Spark names the barrier task whose failure aborted the stage ResultTask(stage, partition);
+# the partition is the rank.
+_FAILED_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
+
+
+def _failure(text: str, reported: Mapping[int, tuple[str, str]]) -> Exception:
+    """What a failed stage means, from Spark's job-abort ``text`` and the ranks' own reports.
+
+    ``fn``'s own error (a rank reported it, or its task's error carries
+    :data:`RANK_ERROR`) is a ``LaunchError`` naming the rank, with its
+    traceback; anything else lost a rank: a :class:`_StageLost` naming the
+    rank and why (an executor that exited, a peer lost), for the retry's line.
+    """
+    fn_errors = {r: t for r, (kind, t) in sorted(reported.items()) if kind == _call.FN_ERROR}
+    if fn_errors or RANK_ERROR in text:
+        marked = re.search(rf"rank (\d+): {RANK_ERROR}", text)
+        rank, trace = next(
+            iter(fn_errors.items()),
+            (marked.group(1) if marked else "?", _between(text, RANK_ERROR)),
+        )
+        return LaunchError(f"hvdkit.spark.run: fn raised on rank {rank}:\n{trace}")
+    lines = [line.strip() for line in text.splitlines()]
+    peer = next((line for line in lines if re.search(r"rank \d+ lost a peer: ", line)), None)
+    if peer is not None:  # the task's RuntimeError names its rank
+        return _StageLost(peer[peer.index("rank ") :][:400])
+    task = _FAILED_TASK.search(text)
+    lost = next((line for line in lines if line.startswith("ExecutorLostFailure")), None)
+    if lost is not None:
+        return _StageLost((f"rank {task.group(1)}: " if task else "") + lost[:400])
+    return _StageLost(_first_line(text))
 
 
 def _between(text: str, marker: str) -> str:
@@ -409,7 +434,7 @@ def _between(text: str, marker: str) -> str:
 def _first_line(text: str) -> str:
     for line in text.splitlines():
         if "Exception" in line or "Failure" in line or "failed" in line:
-            return line.strip()[:400]
+            return line.strip().lstrip(": ")[:400]
     return text.strip().splitlines()[0][:400] if text.strip() else "unknown"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import cluster_train
@@ -82,6 +83,8 @@ def executor_twice():
 record("executor", executor_twice)
 record("too_many", lambda: hvdkit.ray.run(cluster_train.whole_batch, num_workers=4))
 record("bad_cpus", lambda: hvdkit.ray.run(cluster_train.whole_batch, cpus_per_worker=0))
+lock = threading.Lock()
+record("unpicklable", lambda: hvdkit.ray.run(lambda: lock.locked(), num_workers=2))
 
 
 def raises():
