@@ -79,6 +79,7 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "bad_cpus",
         "unpicklable",
         "fn_raises",
+        "unshipped_module",
     ]
 
 
@@ -144,3 +145,10 @@ def test_the_functions_own_error_comes_back_and_is_not_retried(seen):
     entry = error(seen, "fn_raises")
     assert entry["type"] == "LaunchError"
     assert "ValueError: the function's own error, 42" in entry["error"]
+
+
+def test_a_fn_from_a_module_the_workers_lack_names_it_and_the_fix_without_retrying(seen):
+    entry = error(seen, "unshipped_module")
+    assert entry["type"] == "LaunchError", entry
+    assert "No module named 'user_mod_unshipped'" in entry["error"]
+    assert "py_modules" in entry["error"] and "register_pickle_by_value" in entry["error"]

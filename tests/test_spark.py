@@ -87,6 +87,7 @@ def test_driver_ran_every_case_and_exited_0(seen):
         "fn_raises",
         "inside_task",
         "bad_num_proc",
+        "unshipped_module",
     ]
 
 
@@ -174,3 +175,10 @@ def test_bad_num_proc_names_the_value(seen):
     entry = error(seen, "bad_num_proc")
     assert entry["type"] == "ConfigurationError"
     assert "num_proc=0" in entry["error"]
+
+
+def test_a_fn_from_a_module_the_workers_lack_names_it_and_the_fix_without_retrying(seen):
+    entry = error(seen, "unshipped_module")
+    assert entry["type"] == "LaunchError", entry
+    assert "No module named 'user_mod_unshipped'" in entry["error"]
+    assert "--py-files" in entry["error"] and "register_pickle_by_value" in entry["error"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -306,6 +307,9 @@ class RayExecutor:
             try:
                 out = ray.get(done[0])
             except ray.exceptions.RayError as exc:  # the actor or its node is gone
+                missing = _MISSING_MODULE.search(str(exc))
+                if isinstance(exc, ray.exceptions.RayTaskError) and missing:
+                    raise LaunchError(_cannot_import(rank, missing.group(0))) from None
                 raise _RankLost(f"rank {rank}: {type(exc).__name__}") from None
             if out[0] == _call.OK:
                 results[rank] = out[1]
@@ -360,6 +364,20 @@ class RayExecutor:
             raise ConfigurationError(f"hvdkit.ray: a rank could not start: {exc}") from None
         except ray.exceptions.RayError as exc:  # an actor died while starting
             raise _RankLost(f"while starting: {type(exc).__name__}") from None
+
+
+# A rank could not unpickle fn's arguments (RayTaskError(RaySystemError)): a module
+# the Ray workers cannot import; every retry would fail the same way.
+_MISSING_MODULE = re.compile(r"No module named '[^']+'")
+
+
+def _cannot_import(rank: int, missing: str) -> str:
+    return (
+        f"hvdkit.ray.run: rank {rank} cannot load fn and its arguments: {missing}. fn (or an "
+        "argument) comes from a module the Ray workers cannot import: ship it with the job "
+        "(ray.init(runtime_env={'py_modules': [module]}) or {'working_dir': '.'}), or send "
+        "it by value: ray.cloudpickle.register_pickle_by_value(module) in the driver."
+    )
 
 
 class _Rank:
@@ -425,14 +443,13 @@ def _remove_and_wait(ray, pg, cpus_free: float = 0.0) -> None:
         log.debug("hvdkit.ray: removing the placement group: %s", exc)
 
 
-_NEEDS_RAY = "hvdkit.ray needs Ray: pip install 'ray' (the version of your cluster)."
-
-
 def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigurationError(_NEEDS_RAY) from None
+        raise ConfigurationError(
+            "hvdkit.ray needs Ray: pip install 'ray' (the version of your cluster)."
+        ) from None
     if not ray.is_initialized():
         ray.init()  # the cluster this node belongs to (RAY_ADDRESS), else a local one
     return ray

@@ -145,3 +145,20 @@ def parquet_rows(path: str) -> list:
     mine = hvdkit.data.shard_indices(len(files), hvdkit.size(), hvdkit.rank())
     table = pq.read_table([files[i] for i in mine])  # this rank's rows
     return [len(files), sorted(table["id"].to_pylist())]
+
+
+def unshipped_train(folder: str):
+    """A training function the driver imports from ``folder``, which the cluster's workers lack.
+
+    As a user's ``train.py`` beside the driver: pickled by its module's name, so a
+    rank cannot load it unless the module is shipped with the job.
+    """
+    import importlib
+    import os
+    import sys
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "user_mod_unshipped.py"), "w") as f:
+        f.write("def train():\n    return 1\n")
+    sys.path.insert(0, folder)
+    return importlib.import_module("user_mod_unshipped").train

@@ -92,4 +92,9 @@ def raises():
 
 
 record("fn_raises", lambda: hvdkit.ray.run(raises, num_workers=2))
+
+mods = os.path.join(shared, "mods")  # a module the driver imports, not shipped to the cluster
+record(
+    "unshipped_module", lambda: hvdkit.ray.run(cluster_train.unshipped_train(mods), num_workers=2)
+)
 print("driver done", flush=True)

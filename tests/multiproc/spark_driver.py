@@ -94,5 +94,10 @@ record(
     ),
 )
 record("bad_num_proc", lambda: hvdkit.spark.run(cluster_train.whole_batch, num_proc=0))
+
+mods = os.path.join(shared, "mods")  # a module the driver imports, not shipped to the cluster
+record(
+    "unshipped_module", lambda: hvdkit.spark.run(cluster_train.unshipped_train(mods), num_proc=2)
+)
 spark.stop()
 print("driver done", flush=True)

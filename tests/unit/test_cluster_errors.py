@@ -146,3 +146,53 @@ def test_a_fn_from_a_module_the_executor_lacks_is_the_functions_error_naming_the
     assert kind == _call.FN_ERROR
     assert "No module named 'user_train_not_shipped'" in text and "--py-files" in text
     assert "register_pickle_by_value" in text and text in proc.stderr
+
+
+class _RayError(Exception):
+    pass
+
+
+class _RayTaskError(_RayError):
+    pass
+
+
+def test_ray_a_fn_from_a_module_the_workers_lack_is_not_retried_as_a_lost_rank(monkeypatch):
+    import types
+
+    from hvdkit.errors import LaunchError
+
+    said = (  # what ray.get raised in tests/test_ray.py's cluster (Ray 2.60)
+        "ray::_Rank.call() (pid=30085, ip=10.230.110.12)\n"
+        "  At least one of the input arguments for this task could not be computed:\n"
+        "ray.exceptions.RaySystemError: System error: No module named 'user_mod'"
+    )
+
+    def get(ref):
+        raise _RayTaskError(said)
+
+    fake = types.SimpleNamespace(
+        exceptions=types.SimpleNamespace(RayError=_RayError, RayTaskError=_RayTaskError),
+        wait=lambda pending, num_returns, timeout: (pending[:1], pending[1:]),
+        get=get,
+    )
+    monkeypatch.setattr(hray, "_ray", lambda: fake)
+    actor = types.SimpleNamespace(call=types.SimpleNamespace(remote=lambda *a: object()))
+    executor = hray.RayExecutor(num_workers=2)
+    executor._actors = [actor, actor]  # as after start()
+    with pytest.raises(LaunchError) as raised:
+        executor.run(len)
+    assert not isinstance(raised.value, hray._RankLost)  # run() would start it again
+    text = str(raised.value)
+    assert text.startswith("hvdkit.ray.run: rank 0 cannot load fn and its arguments: No module")
+    assert "'user_mod'" in text and "py_modules" in text and "register_pickle_by_value" in text
+
+
+def test_spark_without_a_session_says_to_build_one_before_checking_anything_else():
+    pyspark = pytest.importorskip("pyspark")
+    assert pyspark.SparkContext._active_spark_context is None  # no JVM in unit tests
+    with pytest.raises(ConfigurationError) as raised:
+        hspark.run(lambda: 1, num_proc=2)
+    assert str(raised.value) == (
+        "hvdkit.spark.run found no active SparkContext; build one first: "
+        "spark = SparkSession.builder.getOrCreate()."
+    )
