@@ -5,6 +5,7 @@ env = job_env(REPO, REPO / "examples")     # ... and examples/
 env = job_env(HOROVOD_CYCLE_TIME="0.1")    # plus one of Horovod's knobs
 seconds = best_seconds(lambda: run(100), repeats=2)   # inside a job, after hvdkit.init()
 path = write_results("elastic", {"median": med})   # bench_results/elastic.json
+path = write_record("elastic_2026-11-29", payload)  # benchmarks/records/, for the docs
 share = steal_share(before, cpu_ticks())   # share of time the host ran others (steal)
 """
 
@@ -57,6 +58,13 @@ def write_results(name: str, payload: dict) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))
     return out
+
+
+def write_record(name: str, payload: dict) -> Path:
+    """Keep ``payload`` as benchmarks/records/<name>.json (a run the docs quote); the path."""
+    rec = REPO / "benchmarks" / "records" / f"{name}.json"
+    rec.write_text(json.dumps(payload, indent=2))
+    return rec
 
 
 def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:

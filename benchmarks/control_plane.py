@@ -37,7 +37,6 @@ kept in benchmarks/records/ (``--record NAME``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -49,7 +48,7 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-from _common import REPO, job_env, steal_share, write_results
+from _common import REPO, job_env, steal_share, write_record, write_results
 from _svg import Series, document, legend, line_chart
 
 sys.path.insert(0, str(REPO))
@@ -456,9 +455,7 @@ def main() -> int:
     out = write_results("control_plane", payload)
     print(f"wrote {out}")
     if args.record:
-        rec = REPO / "benchmarks" / "records" / f"{args.record}.json"
-        rec.write_text(json.dumps(payload, indent=2))
-        print(f"wrote {rec}")
+        print(f"wrote {write_record(args.record, payload)}")
     if args.plot:
         note = f"{payload['date_utc']} UTC, {payload['commit']}, {os.cpu_count()} cores (shared)"
         plot(rows, Path(args.plot), note)
