@@ -10,11 +10,17 @@ with Python's lock held: measured 8-9 s in a survivor after a cut link,
 while every other rank of the new world waited in its collective
 (docs/performance-record.md, "Cut links aimed at phases").
 
+The wait is TensorFlow's: the destructor waits until the iterator's
+autotuning thread ends its current optimisation period (docs/limits.md; the
+periods double, so an iterator kept for minutes can take a minute to free).
+
 So :func:`let_go` keeps every ``tf.data`` iterator alive at that moment for
 the rest of the process (each holds its prefetched elements; one set per
-recovery), and clears the frames of the exception's traceback so that the
-rest of the attempt (the step's tensors, a model's worth of gradients) is
-freed at once. Keras's ``fit`` re-raises with a traceback that leaves its
+recovery) and never frees it, not even as the interpreter exits, where the
+same wait held ranks 95 s past the end of their training (the record,
+"The epoch-end stops, found"); and it clears the frames of the exception's
+traceback so that the rest of the attempt (the step's tensors, a model's
+worth of gradients) is freed at once. Keras's ``fit`` re-raises with a traceback that leaves its
 own frames out, so the iterators are found among the live objects, not in
 the traceback.
 
@@ -28,13 +34,14 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
 import traceback
 
 __all__ = ["let_go", "kept"]
 
-_KEPT: list = []  # every failed attempt's iterators: freed when the process ends
+_KEPT: list = []  # every failed attempt's iterators (each also pinned: never freed)
 
 
 def let_go(exc: BaseException) -> int:
@@ -49,10 +56,22 @@ def let_go(exc: BaseException) -> int:
         known = {id(it) for it in _KEPT}
         exact = _subclasses(tf.data.Iterator)  # type() in a set: isinstance on an ABC is slow
         found = [obj for obj in gc.get_objects() if type(obj) in exact and id(obj) not in known]
+        for it in found:
+            _pin(it)
         _KEPT.extend(found)
     if exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)  # (frames still running are skipped)
     return len(found)
+
+
+def _pin(obj) -> None:
+    """Give ``obj`` a reference nothing holds, so it is never freed, even at the interpreter's end.
+
+    At exit Python clears the modules (this one's ``_KEPT`` too) and frees what
+    only they held; a reference of no object's outlives that: the process ends
+    with the iterator unfreed, its memory returned by the OS.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def _subclasses(cls: type) -> set[type]:
