@@ -486,10 +486,12 @@ class _Attempt:
         A job hvdkitrun stopped for a stalled or stuck rank ends so (EXIT_STALLED),
         even if its ranks, on the stop's SIGTERM, agreed a step and recorded a
         preemption: nothing preempted the job, and a restart resumes from that
-        checkpoint.
+        checkpoint. Unless hvdkitrun was sent SIGTERM itself: then the job was
+        preempted, whatever else the supervision saw while the ranks agreed the step.
         """
         job = self.job
-        if preempted is not None and not (ended.stalled or ended.stuck):
+        own_stop = (ended.stalled or ended.stuck) and "SIGTERM" not in self.interrupted
+        if preempted is not None and not own_stop:
             job.out.launcher_line(
                 f"hvdkitrun: preempted: every rank stopped after step {preempted}, which the "
                 "checkpoint holds; run the same command again to resume from it."

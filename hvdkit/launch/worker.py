@@ -624,7 +624,15 @@ class _ProgramRun:
         (the worker's status for it, how)."""
         job, rank = self.job, self.rank
         finished_first = self.forward.ended_after_the_end(self.signals, _finished(self.monitor))
-        said = verdict(ended, preempted, rank, job.stall, self.signals, finished_first)
+        said = verdict(
+            ended,
+            preempted,
+            rank,
+            job.stall,
+            self.signals,
+            finished_first,
+            preempting=bool(self.running.preempt),
+        )
         for level, line in said.notes:
             getattr(log, level)("%s", line)
         # the last round the program ran in

@@ -199,23 +199,29 @@ def verdict(
     stall_s: float,
     signals: list[str],
     finished_first: bool,
+    preempting: bool = False,
 ) -> Verdict:
     """The report of one run of the program: a pure function of how it ended.
 
     ``preempted``: the step its ranks stopped after for a preemption, if they
     did; ``signals``: what this worker was told to stop with;
     ``finished_first``: the program's ranks had finished training when SIGTERM
-    came (:meth:`~hvdkit.launch.preempt.SigtermForwarding.ended_after_the_end`).
+    came (:meth:`~hvdkit.launch.preempt.SigtermForwarding.ended_after_the_end`);
+    ``preempting``: the scheduler asked for a preemption (its word, passed on).
 
     A run this worker stopped for a stalled or stuck rank is reported as
     that, with a nonzero code other than ``EXIT_PREEMPTED``, even if its ranks
     recorded a preempted step: a preemption is the job's stop, this a lost rank.
+    Unless a preemption was asked for (this worker's SIGTERM, the scheduler's
+    word): then a recorded step is that preemption (the rank records it with its
+    checkpoint on disk), whatever the supervision saw meanwhile.
 
     Example:
         >>> verdict(Ended(0), None, 0, 120.0, [], False)
         Verdict(code=0, detail='exit code 0', status=0, notes=())
     """
-    if preempted is not None and not (end.stalled or end.stuck):
+    asked = preempting or "SIGTERM" in signals
+    if preempted is not None and (asked or not (end.stalled or end.stuck)):
         note = ("warning", f"rank {rank} stopped after step {preempted} for a preemption")
         detail = f"preempted after step {preempted}"
         return Verdict(config.EXIT_PREEMPTED, detail, config.EXIT_PREEMPTED, (note,))

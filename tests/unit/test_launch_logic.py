@@ -806,6 +806,27 @@ def test_a_job_stopped_stalled_or_stuck_is_not_preempted_though_its_ranks_say_so
         attempt.monitor.close()
 
 
+@pytest.mark.parametrize("stalled, stuck", [([(1, 31.0)], ""), ([], STUCK_REPORT)])
+def test_a_real_sigterm_whose_ranks_recorded_a_step_is_a_preemption_though_a_rank_looked_stuck(
+    stalled, stuck
+):
+    # hvdkitrun was sent SIGTERM and passed it on; a stuck report came while the ranks
+    # agreed their step: the job was preempted (75, the step on disk), not "interrupted" (143).
+    from hvdkit.launch.processes import Ended
+
+    attempt = attempt_with([False, False], ["SIGTERM"])
+    try:
+        ended = Ended(75, stalled, stuck=stuck)
+        assert attempt.decide(ended, 7, []) == (config.EXIT_PREEMPTED, None)
+        lines = attempt.job.out.launcher_lines
+        assert [ln for ln in lines if "preempted" in ln] == [
+            "hvdkitrun: preempted: every rank stopped after step 7, which the checkpoint "
+            "holds; run the same command again to resume from it."
+        ]
+    finally:
+        attempt.monitor.close()
+
+
 class _Child:
     """A horovodrun that ended with ``returncode`` (as ``processes.supervise`` reports it)."""
 

@@ -799,6 +799,7 @@ def test_the_workers_docstring_table_is_the_one_the_code_uses():
 
 STALLED = "stalled: no heartbeat for 31 s (stall timeout 30 s)"
 STUCK = "stuck: ranks wait apart"
+PREEMPTED_40 = (75, "preempted after step 40", 75)
 ANSWER = {"type": "state", "round": ROUND, "ranks": {"0": "waits in allreduce"}}
 
 
@@ -824,9 +825,12 @@ def _ended(code=0, stalled=(), stuck="", reasons=()):
             False,
             (1, "stuck: ranks wait apart", 1),
         ),
-        # stopped by its worker, stalled or stuck: never reported preempted (nor 75)
+        # stopped by its worker, stalled or stuck: never reported preempted (nor 75)...
         (_ended(-9, stuck=STUCK), 40, [], False, (1, STUCK, 1)),
-        (_ended(75, stuck=STUCK), 40, ["SIGTERM"], False, (1, STUCK, 1)),
+        # ...unless a preemption was asked for (this worker's SIGTERM): its recorded step
+        (_ended(75, stuck=STUCK), 40, ["SIGTERM"], False, PREEMPTED_40),
+        (_ended(-9, stalled=[(0, 31.2)]), 40, ["SIGTERM"], False, PREEMPTED_40),
+        (_ended(-9, stuck=STUCK), None, ["SIGTERM"], False, (1, STUCK, 1)),  # none recorded
         (_ended(75, stalled=[(0, 31.2)]), 40, [], False, (1, STALLED, 1)),
         (_ended(75, stuck=STUCK), None, [], False, (1, STUCK, 1)),
         (_ended(3, stuck=STUCK), 40, [], False, (3, STUCK, 3)),
@@ -838,6 +842,23 @@ def _ended(code=0, stalled=(), stuck="", reasons=()):
 def test_the_verdict_on_a_run_of_the_program(ended, preempted, signals, finished_first, want):
     # what the worker reports (code, detail) and its own status: a pure function
     said = worker_states.verdict(ended, preempted, 1, 30.0, signals, finished_first)
+    assert (said.code, said.detail, said.status) == want
+
+
+@pytest.mark.parametrize(
+    "ended, preempting, want",
+    [
+        (_ended(75, stuck=STUCK), True, PREEMPTED_40),
+        (_ended(-9, stalled=[(0, 31.2)]), True, PREEMPTED_40),
+        (_ended(75, stuck=STUCK), False, (1, STUCK, 1)),
+    ],
+)
+def test_a_step_recorded_for_the_schedulers_preemption_is_reported_so_though_a_rank_was_stuck(
+    ended, preempting, want
+):
+    # The scheduler's preempt word (it was sent SIGTERM) reached this worker's ranks; one
+    # looked stuck while they agreed their step: the job was preempted, not lost a rank.
+    said = worker_states.verdict(ended, 40, 1, 30.0, [], False, preempting=preempting)
     assert (said.code, said.detail, said.status) == want
 
 
