@@ -57,3 +57,8 @@ def test_limits_md_quotes_the_recorded_runs():
     assert off12["waits"] == 0 and all(abs(ms) <= 10 for ms in on12["off_period_end_ms"])
     waits = f"{min(on12['wait_s']):.2f}–{max(on12['wait_s']):.2f} s"
     assert f"{on12['waits']} of {on12['epochs']} twelve-second epochs {waits} late" in text
+    # the iterator's age at each late return: the period end the paragraph names
+    for record, said in ((run, "each as its iterator turned {} s old"), (twelve, "late (at {} s)")):
+        late = [e for e in record["runs"]["on"] if e["wait_s"] > epoch_end.WAIT_S]
+        ends = {epoch_end.period_end_ms(e["age_s"] - 0.05) for e in late}
+        assert len(ends) == 1 and said.format(f"{ends.pop() / 1000:.2f}") in text, ends
