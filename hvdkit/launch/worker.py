@@ -603,19 +603,25 @@ class _ProgramRun:
         return None
 
     def _on_stop(self, stalled, stuck: str) -> None:
+        lost = stuck and self.elastic is not None  # the others go on without it
         if stalled:
             log.error(
                 "rank %d stalled: no heartbeat for %.0f s; stopping it", self.rank, stalled[0][1]
             )
         elif stuck:
-            log.error("rank %d waited in one collective too long; killing it", self.rank)
-        if stalled or stuck:
-            # A frozen or stuck rank is killed outright, never sent SIGTERM: a rank takes
-            # SIGTERM as a preemption, and once its peers move (a thawed freeze; a peer's
-            # long rank-local section ends) it agrees a step with them and every rank
-            # stops "preempted" (seen: a fault-free elastic job ended exit 75 after one
-            # rank spent 20.7 s in tf.data's iterator destructor). Killed, it is a lost
-            # rank: the others go on without it (elastic) or the job restarts.
+            how = "killing it" if lost else "stopping the job"
+            log.error("rank %d waited in one collective too long; %s", self.rank, how)
+        if stalled or lost:
+            # A frozen rank, and a stuck one in an elastic job, is killed outright, never
+            # sent SIGTERM: a rank takes SIGTERM as a preemption, and once its peers move
+            # (a thawed freeze; a peer's long rank-local section ends) it agrees a step
+            # with them and every rank stops "preempted" (seen: a fault-free elastic job
+            # ended exit 75 after one rank spent 20.7 s in tf.data's iterator destructor).
+            # Killed, it is a lost rank: the others go on without it (elastic) or the job
+            # restarts. A stuck rank of a job that restarts whole gets the group's SIGTERM,
+            # as under hvdkitrun: if its peers move within the stop's grace, every rank
+            # checkpoints a common step for the restart, and :func:`verdict` still
+            # reports it stuck, the restart's cause.
             processes.kill(_ranks(self.child, self.monitor) or _own(self.child.pid))
 
     # ------------------------------------------------------------ after it ended

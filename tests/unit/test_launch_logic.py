@@ -1020,10 +1020,18 @@ class _StoppingMonitor:
         return {0: self.pid}
 
 
-@pytest.mark.parametrize("stalled", [True, False], ids=["stalled", "stuck"])
-def test_a_worker_kills_a_stalled_or_stuck_rank_without_a_sigterm(tmp_path, stalled):
-    # SIGTERM asks an hvdkit rank for a preemption: a rank its worker stops for a
-    # stall or a stuck wait must never get one (this rank would note it and exit 75).
+@pytest.mark.parametrize(
+    "stalled, elastic, want",
+    [(True, False, (-9, False)), (False, True, (-9, False)), (False, False, (75, True))],
+    ids=["stalled", "stuck-elastic", "stuck-restarts-whole"],
+)
+def test_a_worker_kills_a_stalled_or_elastic_stuck_rank_without_a_sigterm(
+    tmp_path, stalled, elastic, want
+):
+    # SIGTERM asks an hvdkit rank for a preemption: a frozen rank, or a stuck one of an
+    # elastic job (a lost rank: the others go on), must never get one (it would note it
+    # and exit 75). A stuck rank of a job that restarts whole gets the stop's SIGTERM,
+    # as under hvdkitrun: its ranks may checkpoint a common step for the restart.
     from hvdkit.launch import processes, worker
 
     ready, termed = tmp_path / "ready", tmp_path / "termed"
@@ -1031,12 +1039,13 @@ def test_a_worker_kills_a_stalled_or_stuck_rank_without_a_sigterm(tmp_path, stal
     child = subprocess.Popen(["sh", "-c", script], start_new_session=True)
     run = worker._ProgramRun(None, {"rank": 0}, [])
     run.child, run.monitor = child, _StoppingMonitor(child.pid, stalled)
+    run.elastic = object() if elastic else None  # (only whether there is one counts here)
     for _ in range(12000):  # the trap is set: the child's SIGTERM would be seen
         if ready.exists() or child.poll() is not None:
             break
         time.sleep(0.01)
     ended = processes.supervise(child, run.monitor, 2.0, [], on_stop=run._on_stop)
-    assert (child.returncode, termed.exists()) == (-9, False)
+    assert (child.returncode, termed.exists()) == want
     assert (bool(ended.stalled), bool(ended.stuck)) == (stalled, not stalled)
 
 
