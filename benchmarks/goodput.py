@@ -1,13 +1,14 @@
 """Goodput under failures: an elastic job trained while a fault strikes every P seconds.
 
     python benchmarks/goodput.py [--minutes 10] [--baseline-minutes 5] [--periods 60 15]
-        [--seed 1] [--step-sleep 0.2] [--no-replay] [--keep DIR] [--svg docs/goodput_bench.svg]
+        [--seed 1] [--step-sleep 0.2] [--stall 6] [--no-replay] [--keep DIR]
+        [--svg docs/goodput_bench.svg]
     python benchmarks/goodput.py --from bench_results/goodput.json   # the tables and SVG again
 
 One job, run once without faults and then once per period P: the
 scheduler/worker launch over Gloo with ``HVDKIT_ELASTIC=1`` (in-process
 recovery), 4 workers, ``HVDKIT_MIN_WORKERS=2``, a stall timeout of
-:data:`STALL_S` s, tests/multiproc/ft_train.py ``--mode elastic
+``--stall`` s (:data:`STALL_S` = 6 by default), tests/multiproc/ft_train.py ``--mode elastic
 --mask-padding`` (a commit every 5 steps, 4 samples per rank and step, steps
 paced to at least ``--step-sleep`` s: a step whose compute leaves the CPU free,
 as on an accelerator), with as many epochs of :data:`SAMPLES` samples as fill
@@ -94,7 +95,6 @@ from goodput_records import (
 
 SAMPLES = 960  # per epoch: 60 steps on 4 ranks of 4 samples, 80 on 3
 BATCH, EVERY = 4, 5  # ft_train's defaults (and the replay's): commit every 5 steps
-FROZEN_LIMIT_S = 3 * STALL_S + 10  # a frozen rank still there after this: the benchmark ends it
 LOST = re.compile(r"rank \d+ lost its worker \(pid \d+ on \S+ ([\d.]+)\)")
 RESTART = re.compile(r"scheduler: restart \d+/")
 
@@ -112,7 +112,8 @@ def _harness():
 class Run:
     """One launched job and the faults fired at it on the wall clock."""
 
-    def __init__(self, root: Path, epochs: int, step_sleep: float):
+    def __init__(self, root: Path, epochs: int, step_sleep: float, stall_s: float = STALL_S):
+        self.stall_s = stall_s
         elastic, _ = _harness()
         self.root = root
         self.pace = root / "pace"
@@ -130,7 +131,7 @@ class Run:
             epochs=epochs,
             HVDKIT_ELASTIC="1",
             HVDKIT_MAX_RESTARTS="1000",  # a worker whose program died starts it again
-            HVDKIT_STALL_TIMEOUT=str(STALL_S),
+            HVDKIT_STALL_TIMEOUT=f"{stall_s:g}",
         )
         self.workers_sh = elastic.WORKERS_SH
         self.new_workers: list[float] = []  # when each replacement worker was started
@@ -191,7 +192,7 @@ class Run:
             time.sleep(0.2)
 
     def end_frozen(self) -> None:
-        """A frozen rank its worker did not end within :data:`FROZEN_LIMIT_S`: end it (pid)."""
+        """A frozen rank its worker did not end within 3 stall timeouts + 10 s: end it (pid)."""
         for pid, t in list(self.frozen.items()):
             try:
                 gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -200,7 +201,7 @@ class Run:
             if gone:
                 self.ended_frozen.append({"pid": pid, "by": "the job"})
                 del self.frozen[pid]
-            elif time.time() - t > FROZEN_LIMIT_S:
+            elif time.time() - t > 3 * self.stall_s + 10:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                 self.ended_frozen.append({"pid": pid, "by": "the benchmark"})
@@ -225,12 +226,18 @@ class Run:
 
 
 def run_job(
-    root: Path, period: float | None, seed: int, window_s: float, epochs: int, step_sleep: float
+    root: Path,
+    period: float | None,
+    seed: int,
+    window_s: float,
+    epochs: int,
+    step_sleep: float,
+    stall_s: float = STALL_S,
 ) -> dict:
     """One job: its window of training under the faults of ``period`` (None: none)."""
     load_start, ticks = os.getloadavg(), _ticks()
     started = time.time()
-    run = Run(root, epochs, step_sleep)
+    run = Run(root, epochs, step_sleep, stall_s)
     fired: list[dict] = []
     keeper = threading.Thread(target=run.replace_lost_workers, daemon=True)
     try:
@@ -264,6 +271,7 @@ def run_job(
         "period_s": period,
         "seed": seed,
         "t0": t0,
+        "stall_s": stall_s,
         "started": started,
         "job_s": time.time() - started,
         "exit": result["scheduler"][0],
@@ -371,12 +379,13 @@ def summarize(
     )
     share = (1 - clean_rate_share) if base_clean_rate else 0.0
     run["loss"] = loss_split(
-        window, costs, steps, job["_lines"], job["t0"], rate, WORKERS, base_step_s, share
-    )
+        window, costs, steps, job["_lines"], job["t0"], rate, WORKERS, base_step_s, share,
+        stall_s=job["stall_s"],
+    )  # fmt: skip
     return run
 
 
-def svg(runs: list[dict], path: Path) -> None:
+def svg(runs: list[dict], path: Path, stall_s: float = STALL_S) -> None:
     """Committed samples per second in 10-s bins over each run's window, with its goodput;
     beside it, goodput per period against TorchFT's published figures."""
     from _svg import Series, document, legend, line_chart
@@ -431,7 +440,7 @@ def svg(runs: list[dict], path: Path) -> None:
     parts += legend(70, 320, series, 1, 300)
     note = (
         f"{WORKERS} workers on {os.cpu_count()} cores, Gloo, in-process recovery, "
-        f"stall timeout {STALL_S} s: benchmarks/goodput.py"
+        f"stall timeout {stall_s:g} s: benchmarks/goodput.py"
     )
     path.write_text(document(830, 350 + 16 * len(series), parts, footnote=note))
 
@@ -451,6 +460,9 @@ def main() -> None:
     p.add_argument("--periods", type=float, nargs="+", default=[60.0, 15.0])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.2)
+    p.add_argument(
+        "--stall", type=float, default=STALL_S, help="the stall timeout, s (default %(default)s)"
+    )
     p.add_argument("--no-replay", action="store_true", help="skip the fault-free replay check")
     p.add_argument("--keep", type=Path, help="run the jobs in KEEP (a new folder) and keep them")
     p.add_argument("--svg", type=Path, default=REPO / "docs" / "goodput_bench.svg")
@@ -460,9 +472,10 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.source is not None:
-        runs = json.loads(args.source.read_text())["runs"]
+        recorded = json.loads(args.source.read_text())
+        runs = recorded["runs"]
         print(markdown_tables(runs))
-        svg(runs, args.svg)
+        svg(runs, args.svg, recorded.get("stall_timeout_s", STALL_S))
         print(f"wrote {args.svg}")
         return
     window = 60 * args.minutes
@@ -483,7 +496,9 @@ def main() -> None:
         for i, (period, win) in enumerate(plan):
             name = "no faults" if period is None else f"1 fault per {period:g} s"
             print(f"run {i + 1}: {name}, window {win:.0f} s, {epochs} epochs", flush=True)
-            job = run_job(top / f"run{i + 1}", period, args.seed, win, epochs, args.step_sleep)
+            job = run_job(
+                top / f"run{i + 1}", period, args.seed, win, epochs, args.step_sleep, args.stall
+            )
             job["checks"] = check_job(job, top / f"run{i + 1}", epochs, not args.no_replay)
             run = summarize(job, base_rate, win, base_step, base_clean)
             run["order"], run["checks"] = i + 1, job["checks"]
@@ -505,7 +520,7 @@ def main() -> None:
                     "without faults, and each fault's costs (seconds)",
                     "machine": f"{os.cpu_count()} cores, shared",
                     "workers": WORKERS,
-                    "stall_timeout_s": STALL_S,
+                    "stall_timeout_s": args.stall,
                     "step_sleep_s": args.step_sleep,
                     "commit_every_steps": EVERY,
                     "samples_per_epoch": SAMPLES,
@@ -517,7 +532,7 @@ def main() -> None:
                 },
             )
         print("\n" + markdown_tables(runs))
-        svg(runs, args.svg)
+        svg(runs, args.svg, args.stall)
     print(f"wrote {out} and {args.svg}")
     if not all(r["checks"]["passed"] for r in runs):
         sys.exit(1)

@@ -311,6 +311,7 @@ def loss_split(
     workers: int = WORKERS,
     base_step_s: float | None = None,
     base_pause_share: float = 0.0,
+    stall_s: float = STALL_S,
 ) -> dict:
     """The run's lost training time (seconds of fault-free training), by cause.
 
@@ -331,7 +332,7 @@ def loss_split(
     lost_s = window["window_s"] - window["committed_samples"] / base_rate
     parts = {
         "recovery_s": sum(c.get("recovery_s") or 0.0 for c in inside),
-        "stall_timeout_s": float(STALL_S * sum(c["kind"] == "stop" for c in inside)),
+        "stall_timeout_s": float(stall_s * sum(c["kind"] == "stop" for c in inside)),
         "lost_work_s": sum(c.get("lost_work_s") or 0.0 for c in inside),
         "join_pause_s": sum(c.get("join_pause_s") or 0.0 for c in inside),
     }

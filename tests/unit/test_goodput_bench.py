@@ -186,6 +186,11 @@ def test_the_percentiles_and_the_split_of_the_lost_time():
     paused = gp.loss_split(window, costs, steps, LINES, 0.0, 2.0, 2, None, 0.1)
     assert paused["in_world_pauses_s"] == pytest.approx(-1.6)
     assert paused["slower_steps_s"] == pytest.approx(1.6)
+    # a frozen rank's share is the run's stall timeout (--stall), once per freeze in the window
+    frozen = [{**costs[0], "kind": "stop"}, {**costs[0], "kind": "stop", "t": 99.0}]
+    for stall in (6.0, 3.0):
+        split = gp.loss_split(window, frozen, steps, LINES, 0.0, 2.0, workers=2, stall_s=stall)
+        assert split["stall_timeout_s"] == stall  # the one at t = 99 is after the window
 
 
 ROOT = Path(__file__).resolve().parents[2]
