@@ -217,3 +217,25 @@ def test_performance_md_prints_the_recorded_goodput_run():
     assert f"**{now[0]}** at one fault a minute" in text
     assert f"**{now[1]}** at one every 15 s" in text
     assert f"(before: {before[0]} and {before[1]}, with workers" in text
+
+
+def test_performance_md_quotes_the_run_with_a_3_s_stall_timeout():
+    """The stall timeout's trade, measured: the --stall 3 run against the 6-s run."""
+    import json
+
+    text = " ".join(PERFORMANCE.read_text().split())
+    three = json.loads((RECORDS / "goodput_stall3_2026-11-29.json").read_text())
+    six = json.loads(RUN.read_text())
+    assert (three["stall_timeout_s"], six["stall_timeout_s"]) == (3.0, 6)
+    base, faults = three["runs"]
+    assert base["checks"]["passed"] and faults["checks"]["passed"]
+    assert base["checks"]["replay_worlds"] == 1  # no rank counted stalled without faults
+    detected = [r["runs"][1]["per_kind"]["stop"]["detection_s"]["p50"] for r in (three, six)]
+    assert f"a freeze found in {detected[0]:.1f} s (p50; {detected[1]:.1f} s with 6 s)" in text
+    share = faults["loss"]["stall_timeout_s"] / faults["window"]["window_s"]
+    assert f"the timeouts {100 * share:.1f} % of the window" in text
+    clean = [r["runs"][1]["goodput_without_pauses"] for r in (three, six)]
+    assert f"left out {100 * clean[0]:.1f} % ({100 * clean[1]:.1f} % with 6 s)" in text
+    paused = [r["in_world_pauses"]["s"] for r in (base, faults)]
+    assert f"goodput column, {100 * faults['goodput']:.1f} %, does not compare" in text
+    assert f"took {paused[0]:.1f} s of its fault-free run's 300 s and {paused[1]:.1f} s" in text
