@@ -99,9 +99,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     restore.
 
     Before each recovery every live ``tf.data`` iterator is kept for the rest
-    of the process, and the failed attempt's frames are cleared
-    (:mod:`hvdkit.fault._failed_attempt`: freed later, a failed ``fit``'s
-    iterator could stop the rank for seconds in the middle of the next world).
+    of the process (never freed, not even at exit), and the failed attempt's
+    frames are cleared (:mod:`hvdkit.fault._failed_attempt`: freeing a failed
+    ``fit``'s iterator waits for its tf.data autotuner, seconds in the middle of
+    the next world or at the process's end).
 
     Raises:
         NotSupportedError: the first argument is neither a Checkpointer nor
