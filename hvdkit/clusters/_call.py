@@ -23,6 +23,9 @@ import traceback
 
 RAISED, OK = "raised", "ok"
 LOST_PEER, FN_ERROR = "lost-peer", "fn"
+# How a rank's report begins when fn never ran or ran but its value could not travel:
+# the driver then says "rank N: ..." rather than "fn raised on rank N".
+CANNOT_LOAD, CANNOT_RETURN = "cannot load fn", "fn returned a value that cannot be pickled"
 
 
 def kind_of(exc: BaseException) -> str:
@@ -57,7 +60,7 @@ def cannot_load(exc: Exception) -> str:
     imported from another module by that module's name: the executor must be
     able to import it (a retry would fail the same way).
     """
-    text = f"this rank cannot load fn and its arguments: {type(exc).__name__}: {exc}."
+    text = f"{CANNOT_LOAD} and its arguments: {type(exc).__name__}: {exc}."
     if isinstance(exc, ImportError):
         text += (
             " fn (or an argument) comes from a module the executors cannot import: ship it "
@@ -92,7 +95,7 @@ def main(argv: list[str]) -> int:
             (
                 RAISED,
                 FN_ERROR,
-                f"fn returned a value that cannot be pickled ({exc}); return plain data "
+                f"{CANNOT_RETURN} ({exc}); return plain data "
                 "(numbers, lists, numpy arrays, a path to a saved model) instead.",
             )
         )

@@ -414,6 +414,8 @@ def _failure(text: str, reported: Mapping[int, tuple[str, str]]) -> Exception:
             iter(fn_errors.items()),
             (marked.group(1) if marked else "?", _between(text, RANK_ERROR)),
         )
+        if trace.startswith((_call.CANNOT_LOAD, _call.CANNOT_RETURN)):  # not fn's own error
+            return LaunchError(f"hvdkit.spark.run: rank {rank}: {trace}")
         return LaunchError(f"hvdkit.spark.run: fn raised on rank {rank}:\n{trace}")
     lines = [line.strip() for line in text.splitlines()]
     peer = next((line for line in lines if re.search(r"rank \d+ lost a peer: ", line)), None)

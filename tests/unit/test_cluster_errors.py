@@ -104,6 +104,18 @@ def test_the_functions_own_error_names_its_rank_even_before_its_report_arrives()
     assert str(reported) == "hvdkit.spark.run: fn raised on rank 1:\nTraceback: boom"
 
 
+def test_a_rank_that_could_not_load_fn_or_send_its_value_is_not_said_to_have_raised():
+    from hvdkit.clusters import _call
+
+    why = _call.cannot_load(ModuleNotFoundError("No module named 'user_mod'"))
+    assert why.startswith("cannot load fn and its arguments: ModuleNotFoundError: No module")
+    loaded = hspark._failure(ABORTED.format(rank=1, cause="x"), {1: ("fn", why)})
+    assert str(loaded) == f"hvdkit.spark.run: rank 1: {why}"
+    value = "fn returned a value that cannot be pickled (a lock); return plain data"
+    returned = hspark._failure(ABORTED.format(rank=0, cause="x"), {0: ("fn", value)})
+    assert str(returned) == f"hvdkit.spark.run: rank 0: {value}"
+
+
 def test_an_abort_of_no_known_kind_says_spark_own_first_line():
     lost = hspark._failure(ABORTED.format(rank=1, cause="TaskKilled (another reason)"), {})
     assert str(lost).startswith("org.apache.spark.SparkException: Job aborted due to stage")
