@@ -62,12 +62,23 @@ def cannot_load(exc: Exception) -> str:
     """
     text = f"{CANNOT_LOAD} and its arguments: {type(exc).__name__}: {exc}."
     if isinstance(exc, ImportError):
-        text += (
-            " fn (or an argument) comes from a module the executors cannot import: ship it "
-            "with the job (spark-submit --py-files module.py, or sc.addPyFile), or send it "
-            "by value: pyspark.cloudpickle.register_pickle_by_value(module) in the driver."
+        text += unimportable_fix(
+            "executors", "spark-submit --py-files module.py, or sc.addPyFile", "pyspark"
         )
     return text
+
+
+def unimportable_fix(workers: str, ship: str, pickler: str) -> str:
+    """The fix for fn from a module the cluster's ``workers`` cannot import (Spark's, Ray's).
+
+    ``ship``: how the cluster ships a module with the job; ``pickler``: the
+    package whose ``cloudpickle`` can send the module by value instead.
+    """
+    return (
+        f" fn (or an argument) comes from a module the {workers} cannot import: ship it with "
+        f"the job ({ship}), or send it by value: {pickler}.cloudpickle."
+        "register_pickle_by_value(module) in the driver."
+    )
 
 
 def main(argv: list[str]) -> int:

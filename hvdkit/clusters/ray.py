@@ -372,11 +372,9 @@ _MISSING_MODULE = re.compile(r"No module named '[^']+'")
 
 
 def _cannot_import(rank: int, missing: str) -> str:
-    return (
-        f"hvdkit.ray.run: rank {rank} cannot load fn and its arguments: {missing}. fn (or an "
-        "argument) comes from a module the Ray workers cannot import: ship it with the job "
-        "(ray.init(runtime_env={'py_modules': [module]}) or {'working_dir': '.'}), or send "
-        "it by value: ray.cloudpickle.register_pickle_by_value(module) in the driver."
+    ship = "ray.init(runtime_env={'py_modules': [module]}) or {'working_dir': '.'}"
+    return f"hvdkit.ray.run: rank {rank} {_call.CANNOT_LOAD} and its arguments: {missing}." + (
+        _call.unimportable_fix("Ray workers", ship, "ray")
     )
 
 

@@ -5,14 +5,11 @@ bigger one (:class:`~hvdkit.fault.elastic.Regroup`), the attempt's
 ``tf.data`` iterators (Keras's ``fit`` makes one per epoch) are garbage in
 reference cycles, freed whenever the garbage collector next runs: in the
 middle of the next world's steps. TensorFlow's iterator destructor waits
-for the iterator's own threads, and now and then that wait lasts seconds,
-with Python's lock held: measured 8-9 s in a survivor after a cut link,
-while every other rank of the new world waited in its collective
+for the iterator's autotuning thread to end its current optimisation period
+(docs/limits.md; the periods double, so an iterator kept for minutes can take
+a minute to free): measured 8-9 s in a survivor after a cut link, while every
+other rank of the new world waited in its collective
 (docs/performance-record.md, "Cut links aimed at phases").
-
-The wait is TensorFlow's: the destructor waits until the iterator's
-autotuning thread ends its current optimisation period (docs/limits.md; the
-periods double, so an iterator kept for minutes can take a minute to free).
 
 So :func:`let_go` keeps every ``tf.data`` iterator alive at that moment for
 the rest of the process (each holds its prefetched elements; one set per
@@ -20,9 +17,9 @@ recovery) and never frees it, not even as the interpreter exits, where the
 same wait held ranks 95 s past the end of their training (the record,
 "The epoch-end stops, found"); and it clears the frames of the exception's
 traceback so that the rest of the attempt (the step's tensors, a model's
-worth of gradients) is freed at once. Keras's ``fit`` re-raises with a traceback that leaves its
-own frames out, so the iterators are found among the live objects, not in
-the traceback.
+worth of gradients) is freed at once. Keras's ``fit`` re-raises with a
+traceback that leaves its own frames out, so the iterators are found among
+the live objects, not in the traceback.
 
 Example::
 
