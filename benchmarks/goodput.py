@@ -1,7 +1,7 @@
 """Goodput under failures: an elastic job trained while a fault strikes every P seconds.
 
     python benchmarks/goodput.py [--minutes 10] [--baseline-minutes 5] [--periods 60 15]
-        [--seed 1] [--step-sleep 0.2] [--stall 6] [--no-replay] [--keep DIR]
+        [--seed 1] [--step-sleep 0.2] [--stall 6] [--autotune off] [--no-replay] [--keep DIR]
         [--svg docs/goodput_bench.svg]
     python benchmarks/goodput.py --from bench_results/goodput.json   # the tables and SVG again
 
@@ -11,8 +11,9 @@ recovery), 4 workers, ``HVDKIT_MIN_WORKERS=2``, a stall timeout of
 ``--stall`` s (:data:`STALL_S` = 6 by default), tests/multiproc/ft_train.py ``--mode elastic
 --mask-padding`` (a commit every 5 steps, 4 samples per rank and step, steps
 paced to at least ``--step-sleep`` s: a step whose compute leaves the CPU free,
-as on an accelerator), with as many epochs of :data:`SAMPLES` samples as fill
-the longest window.
+as on an accelerator; tf.data's autotuner off unless ``--autotune on``: its
+epoch-end stops, docs/limits.md, are TensorFlow's), with as many epochs of
+:data:`SAMPLES` samples as fill the longest window.
 
 The benchmark drives the faults from outside, on the wall clock: from the
 moment the four ranks train (``t0``), one fault at ``t0 + (k + 1/2) P`` for
@@ -112,7 +113,14 @@ def _harness():
 class Run:
     """One launched job and the faults fired at it on the wall clock."""
 
-    def __init__(self, root: Path, epochs: int, step_sleep: float, stall_s: float = STALL_S):
+    def __init__(
+        self,
+        root: Path,
+        epochs: int,
+        step_sleep: float,
+        stall_s: float = STALL_S,
+        autotune: bool = False,
+    ):
         self.stall_s = stall_s
         elastic, _ = _harness()
         self.root = root
@@ -122,6 +130,7 @@ class Run:
         self.job, self.out = elastic.start_job(
             root / "job",
             "--mask-padding",
+            *([] if autotune else ["--no-autotune"]),
             "--step-sleep",
             str(step_sleep),
             "--sleep-while",
@@ -233,11 +242,12 @@ def run_job(
     epochs: int,
     step_sleep: float,
     stall_s: float = STALL_S,
+    autotune: bool = False,
 ) -> dict:
     """One job: its window of training under the faults of ``period`` (None: none)."""
     load_start, ticks = os.getloadavg(), _ticks()
     started = time.time()
-    run = Run(root, epochs, step_sleep, stall_s)
+    run = Run(root, epochs, step_sleep, stall_s, autotune)
     fired: list[dict] = []
     keeper = threading.Thread(target=run.replace_lost_workers, daemon=True)
     try:
@@ -463,6 +473,13 @@ def main() -> None:
     p.add_argument(
         "--stall", type=float, default=STALL_S, help="the stall timeout, s (default %(default)s)"
     )
+    p.add_argument(
+        "--autotune",
+        choices=["on", "off"],
+        default="off",
+        help="tf.data's autotuner in the job's pipeline (default off: its epoch-end stops "
+        "are TensorFlow's, docs/limits.md)",
+    )
     p.add_argument("--no-replay", action="store_true", help="skip the fault-free replay check")
     p.add_argument("--keep", type=Path, help="run the jobs in KEEP (a new folder) and keep them")
     p.add_argument("--svg", type=Path, default=REPO / "docs" / "goodput_bench.svg")
@@ -497,7 +514,14 @@ def main() -> None:
             name = "no faults" if period is None else f"1 fault per {period:g} s"
             print(f"run {i + 1}: {name}, window {win:.0f} s, {epochs} epochs", flush=True)
             job = run_job(
-                top / f"run{i + 1}", period, args.seed, win, epochs, args.step_sleep, args.stall
+                top / f"run{i + 1}",
+                period,
+                args.seed,
+                win,
+                epochs,
+                args.step_sleep,
+                args.stall,
+                args.autotune == "on",
             )
             job["checks"] = check_job(job, top / f"run{i + 1}", epochs, not args.no_replay)
             run = summarize(job, base_rate, win, base_step, base_clean)
@@ -521,6 +545,7 @@ def main() -> None:
                     "machine": f"{os.cpu_count()} cores, shared",
                     "workers": WORKERS,
                     "stall_timeout_s": args.stall,
+                    "tf_data_autotune": args.autotune,
                     "step_sleep_s": args.step_sleep,
                     "commit_every_steps": EVERY,
                     "samples_per_epoch": SAMPLES,

@@ -27,7 +27,7 @@ after :func:`remove_process_set` names the removal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -127,12 +127,23 @@ _registered: dict[int, ProcessSet] = {}
 # shutdown): the runtime, which registers the sets, hands it down, so that this module
 # never imports the runtime (it sits below it).
 _backend: Backend | None = None
+# A newcomer's put-off Horovod start (hvdkit.runtime.start_deferred), handed down by
+# deferred(): a set's first use starts Horovod, as any collective does.
+_start: Callable[[], bool] | None = None
 
 
 def _running() -> Backend:
+    if _backend is None and _start is not None:
+        _start()
     if _backend is None:
         raise NotInitializedError()
     return _backend
+
+
+def deferred(start: Callable[[], bool]) -> None:
+    """At ``init()`` of a newcomer that starts Horovod later: ``start`` does it."""
+    global _start
+    _start = start
 
 
 def _check_fits(ps: ProcessSet, size: int, what: str) -> None:
@@ -181,8 +192,8 @@ def static_ranks(process_sets: Sequence | str | None, size: int) -> tuple[list, 
 
 def registered(sets: Sequence[ProcessSet], ids: Sequence[int], backend: Backend) -> None:
     """Give the sets their ids (after ``backend`` registered them) and the global set its ranks."""
-    global _backend
-    _backend = backend
+    global _backend, _start
+    _backend, _start = backend, None
     _registered.clear()
     global_process_set.ranks = list(range(backend.size()))
     for ps, ps_id in zip(sets, ids, strict=True):
@@ -193,8 +204,8 @@ def registered(sets: Sequence[ProcessSet], ids: Sequence[int], backend: Backend)
 
 def forget_all() -> None:
     """At shutdown: every set the user holds is unregistered (re-register after ``init``)."""
-    global _backend
-    _backend = None
+    global _backend, _start
+    _backend, _start = None, None
     for ps in _registered.values():
         ps.process_set_id = None
     _registered.clear()

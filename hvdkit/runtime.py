@@ -104,8 +104,8 @@ def init(
         >>> hvdkit.rank(), hvdkit.size()   # (0, 1) without a launcher
         (0, 1)
     """
-    global _backend
-    if _backend is not None:
+    global _backend, _deferred
+    if _backend is not None or _deferred is not None:
         return
     name = backend or config.get(config.BACKEND)
     launched = config.launched_size()
@@ -129,36 +129,138 @@ def init(
     sets, dynamic = _sets.static_ranks(process_sets, launched or 1)
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
-    _announce_joining()
-    _phases.enter("init")
-    try:
-        _backend = create(name, [ps.ranks for ps in new], dynamic)
-    except CollectiveError as exc:
-        if _rejoining or not _meeting.enabled():
-            raise
-        # The first start of an elastic job, or a newcomer's, failed for a lost
-        # peer: as the survivors of a regroup do, the rank meets the next world
-        # and starts there (this init again, the join behind it).
-        again = functools.partial(
-            init,
-            backend,
-            intra_op_threads=intra_op_threads,
-            pin_gpu=pin_gpu,
-            process_sets=process_sets,
-        )
-        _join_next_world(again, failed=exc)
-        return
-    ids = iter(_backend.process_set_ids())
-    _sets.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], _backend)
-    _configure_threads(threads, _backend.local_size())
-    if _backend.size() > 1:
+    if _DeferredStart.applies(name, process_sets):
+        _deferred = _DeferredStart(name)
+        _sets.deferred(start_deferred)
+        place = _deferred
+    else:
+        _announce_joining()
+        _phases.enter("init")
+        try:
+            _backend = create(name, [ps.ranks for ps in new], dynamic)
+        except CollectiveError as exc:
+            if _rejoining or not _meeting.enabled():
+                raise
+            # The first start of an elastic job failed for a lost peer: as the
+            # survivors of a regroup do, the rank meets the next world and starts
+            # there (this init again, the join behind it).
+            again = functools.partial(
+                init,
+                backend,
+                intra_op_threads=intra_op_threads,
+                pin_gpu=pin_gpu,
+                process_sets=process_sets,
+            )
+            _join_next_world(again, failed=exc)
+            return
+        ids = iter(_backend.process_set_ids())
+        _sets.registered(sets, [0 if ps.ranks == world else next(ids) for ps in sets], _backend)
+        place = _backend
+    _configure_threads(threads, place.local_size())
+    if place.size() > 1:
         _keep_a_second_inter_op_thread()
-    if slurm is not None and _backend.size() != slurm.size:
-        _refuse_split_srun_step(slurm.size, _backend.size())
+    if slurm is not None and place.size() != slurm.size:
+        _refuse_split_srun_step(slurm.size, place.size())
     if pin_gpu:
-        _pin_gpu(_backend.local_rank())
+        _pin_gpu(place.local_rank())
     if freeze:
         _freeze_startup_objects()
+
+
+class _DeferredStart:
+    """A newcomer's Horovod start, put off from :func:`init` to its first collective.
+
+    A rank that joins a running elastic job says ready when it starts
+    Horovod; the scheduler then takes the survivors out of their world, and
+    they wait in the new world's first collective (the state's broadcast)
+    until the newcomer gets there. Said in ``init()``, that wait held
+    everything the script does between ``init()`` and ``restore()``: building
+    the model (0.28 s of each join pause in the goodput runs), loading data.
+    Put off to the first collective (:func:`start_deferred`; ``restore()``
+    calls it first), the survivors train on meanwhile. Until then the place
+    in the world (rank, size, local and cross) is the assignment's: the
+    Horovod settings the worker put in the environment, which Horovod's start
+    reads as well. Horovod's module is loaded at once, so that the start
+    itself is as short as a survivor's.
+
+    Only a newcomer without process sets: ``init(process_sets=...)``
+    registers its sets as Horovod starts, so such a rank starts at ``init()``.
+    """
+
+    name = "horovod"
+
+    def __init__(self, name: str) -> None:
+        from .backends import horovod  # noqa: F401  Horovod's module, loaded before the start
+
+        self.name = name
+        self.env = {  # the worker sets them all (hvdkit.launch.worker)
+            key: config.get_int(key, 0, minimum=0)
+            for key in _compat.HOROVODRUN_LAYOUT_VARIABLES
+            if key != "HOROVOD_HOSTNAME"
+        }
+
+    @staticmethod
+    def applies(name: str, process_sets) -> bool:
+        """Whether this ``init()`` joins a running elastic job and may put its start off."""
+        return (
+            name == "horovod"
+            and process_sets is None
+            and _meeting.enabled()
+            and bool(config.get(config.ELASTIC_JOIN))
+        )
+
+    def rank(self) -> int:
+        return self.env[config.HOROVOD_RANK]
+
+    def size(self) -> int:
+        return self.env[config.HOROVOD_SIZE]
+
+    def local_rank(self) -> int:
+        return self.env["HOROVOD_LOCAL_RANK"]
+
+    def local_size(self) -> int:
+        return self.env["HOROVOD_LOCAL_SIZE"]
+
+    def cross_rank(self) -> int:
+        return self.env["HOROVOD_CROSS_RANK"]
+
+    def cross_size(self) -> int:
+        return self.env["HOROVOD_CROSS_SIZE"]
+
+    def start(self) -> None:
+        """Start Horovod in the world the environment now names (its round's)."""
+        global _backend
+        _phases.enter("init")
+        _backend = create(self.name, [], False)
+        _sets.registered([], [], _backend)
+
+
+# A newcomer whose init() put its Horovod start off (see _DeferredStart); None otherwise.
+_deferred: _DeferredStart | None = None
+
+
+def start_deferred() -> bool:
+    """Start Horovod now if :func:`init` put it off; whether it did.
+
+    A newcomer to an elastic job meets the others here (its ready, their go;
+    :func:`_announce_joining`) and starts Horovod in the world of that round,
+    which may be a later one than ``init()`` saw (a peer was lost meanwhile:
+    then its rank and size changed, and a sampler takes the new shards). If
+    the start fails for a peer lost while the ranks connect, the rank waits
+    for the next world and starts there, as in :func:`init`. Every collective
+    calls it (through :func:`backend`); :meth:`hvdkit.Checkpointer.restore`
+    and :func:`hvdkit.elastic.run` call it before anything else.
+    """
+    global _deferred
+    if _deferred is None:
+        return False
+    start, _deferred = _deferred, None
+    _announce_joining()
+    try:
+        start.start()
+    except CollectiveError as exc:
+        _join_next_world(start.start, failed=exc)
+    return True
 
 
 # Set once per process, at the first init(): the objects alive then are frozen,
@@ -373,8 +475,16 @@ def _pin_gpu(local_rank_: int) -> None:
 
 def _get() -> Backend:
     if _backend is None:
-        raise NotInitializedError()
+        if not start_deferred():
+            raise NotInitializedError()
     return _backend
+
+
+def _place():
+    """Where this rank is (rank, size, local, cross): Horovod's answer, or a put-off start's."""
+    if _deferred is not None:
+        return _deferred
+    return _get()
 
 
 def abandon() -> int:
@@ -389,7 +499,10 @@ def abandon() -> int:
 
 def shutdown() -> None:
     """Stop the runtime. ``init()`` may be called again afterwards."""
-    global _backend
+    global _backend, _deferred
+    if _deferred is not None:  # put off and never started: nothing to stop
+        _deferred = None
+        _sets.forget_all()
     if _backend is not None:
         _sets.forget_all()
         _backend.shutdown()
@@ -428,7 +541,7 @@ def _join_next_world(start, failed: CollectiveError | None = None) -> int:
 @not_converted
 def is_initialized() -> bool:
     """Whether ``init()`` has been called (and ``shutdown()`` not since)."""
-    return _backend is not None
+    return _backend is not None or _deferred is not None
 
 
 def job_rank_size(what: str, fix: str) -> tuple[int, int]:
@@ -440,48 +553,48 @@ def job_rank_size(what: str, fix: str) -> tuple[int, int]:
     Raises:
         NotInitializedError: :func:`init` was not called; names ``what`` and ``fix``.
     """
-    if _backend is None:
+    if not is_initialized():
         raise NotInitializedError(
             f"{what} left as None default to this job's rank and size (hvdkit.rank(), "
             f"hvdkit.size()), but hvdkit is not initialized: call hvdkit.init() first, or {fix}"
         )
-    return _backend.rank(), _backend.size()
+    return _place().rank(), _place().size()
 
 
 @not_converted
 def rank() -> int:
     """This process's index in the job, in ``[0, size())``."""
-    return _get().rank()
+    return _place().rank()
 
 
 @not_converted
 def size() -> int:
     """Number of processes in the job."""
-    return _get().size()
+    return _place().size()
 
 
 @not_converted
 def local_rank() -> int:
     """This process's index among the processes on the same machine."""
-    return _get().local_rank()
+    return _place().local_rank()
 
 
 @not_converted
 def local_size() -> int:
     """Number of processes on this machine."""
-    return _get().local_size()
+    return _place().local_size()
 
 
 @not_converted
 def cross_rank() -> int:
     """Index of this machine among the machines of the job."""
-    return _get().cross_rank()
+    return _place().cross_rank()
 
 
 @not_converted
 def cross_size() -> int:
     """Number of machines with a process of the same ``local_rank()``."""
-    return _get().cross_size()
+    return _place().cross_size()
 
 
 def barrier(process_set=None) -> None:

@@ -9,7 +9,8 @@ Its files pass through it, each written whole (a rename) by one side:
   collectives in the old one can only fail (:mod:`hvdkit.elastic` ends its
   connections at once instead of waiting for Gloo's timeout);
 * ``ready`` (rank -> worker): ``r``, the rank is about to start Horovod in
-  round ``r``; the worker tells the scheduler;
+  round ``r`` (a newcomer: at its first collective,
+  :func:`hvdkit.runtime.start_deferred`); the worker tells the scheduler;
 * ``go`` (worker -> rank): ``r``, every rank of round ``r`` said ready (the
   scheduler's word): start Horovod now;
 * ``resumed`` (rank 0 -> its worker): ``r s``, round ``r`` trains again from

@@ -108,11 +108,16 @@ def retry(
     ``sampler`` (a :class:`~hvdkit.data.ShardSampler`, if given) takes that
     world's shards (:meth:`~hvdkit.data.ShardSampler.reshard`; the state
     loaded afterwards re-shards the epoch's rest), and ``attempt`` runs again.
+    A newcomer's Horovod start, put off by ``init()``, happens before the first
+    call (:func:`hvdkit.runtime.start_deferred`), and the sampler takes that
+    world's shards too.
 
     Raises:
         LaunchError: no next world formed (:func:`hvdkit._comm.meeting.join_next_world`).
     """
     move = None
+    if runtime.start_deferred() and sampler is not None:
+        sampler.reshard()  # a newcomer's world may be a later round's than init() saw
     while True:
         try:
             return attempt(move)

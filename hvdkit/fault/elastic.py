@@ -18,8 +18,10 @@ TensorFlow, the model and the optimizer stay in memory; only the steps
 since the last save are trained again.
 
 While the job runs on fewer workers than ``HVDKIT_WORKER_NUM``, a worker that
-registers joins it: once its program is about to start Horovod, the
-scheduler gives the others the bigger world; they agree on a step (the
+registers joins it: once its program reaches its first collective (its
+``restore()``: ``hvdkit.init()`` puts a newcomer's Horovod start off until
+then, :func:`hvdkit.runtime.start_deferred`), the scheduler gives the others
+the bigger world; they agree on a step (the
 preemption check's exchange carries the flag), commit it in memory, raise
 :class:`Regroup` there, and :func:`run` takes them into the new world as
 above, from that step (nothing is trained again). The newcomer's

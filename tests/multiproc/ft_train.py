@@ -57,6 +57,8 @@ Command line (kept stable; other tests and ``hvdkitrun --max-restarts`` use it):
   final save would keep it.
 * ``--mask-padding`` (fit, sink, elastic): the sampler's dataset gives pad
   mode's repeats ``sample_weight`` 0; they neither train nor are recorded.
+* ``--no-autotune``: the sampler's dataset with tf.data's autotuner off
+  (its epoch-end stops, docs/limits.md, are TensorFlow's, not the job's).
 * ``--stop-at STEP`` (fit modes): in attempt ``--stop-attempt`` (default 0),
   after step STEP every rank makes sure it is saved (rank 0 writes it), waits
   for the others, and exits 0 without a result file: the first half of a run
@@ -121,6 +123,7 @@ def parse_args(argv):
     p.add_argument("--join-until", default=None)
     p.add_argument("--linger-until", default=None)
     p.add_argument("--mask-padding", action="store_true")
+    p.add_argument("--no-autotune", action="store_true")
     return p.parse_args(argv)
 
 
@@ -353,6 +356,10 @@ class StopAt(keras.callbacks.Callback):
 
 def train_epoch(mode, epoch):
     ds = sampler.dataset(DATA, mask_padding=ARGS.mask_padding).batch(B)
+    if ARGS.no_autotune:  # TensorFlow's epoch-end stops (docs/limits.md) left out
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        ds = ds.with_options(options)
     if mode == "fit":
         stop = [StopAt()] if ARGS.stop_at is not None else []
         model.fit(
