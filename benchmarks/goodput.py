@@ -120,6 +120,7 @@ class Run:
         step_sleep: float,
         stall_s: float = STALL_S,
         autotune: bool = False,
+        env: dict[str, str] | None = None,
     ):
         self.stall_s = stall_s
         elastic, _ = _harness()
@@ -141,6 +142,7 @@ class Run:
             HVDKIT_ELASTIC="1",
             HVDKIT_MAX_RESTARTS="1000",  # a worker whose program died starts it again
             HVDKIT_STALL_TIMEOUT=f"{stall_s:g}",
+            **(env or {}),
         )
         self.workers_sh = elastic.WORKERS_SH
         self.new_workers: list[float] = []  # when each replacement worker was started
@@ -243,11 +245,15 @@ def run_job(
     step_sleep: float,
     stall_s: float = STALL_S,
     autotune: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict:
-    """One job: its window of training under the faults of ``period`` (None: none)."""
+    """One job: its window of training under the faults of ``period`` (None: none).
+
+    ``env``: more settings for the job's processes (``HVDKIT_PHASE_LOG``).
+    """
     load_start, ticks = os.getloadavg(), _ticks()
     started = time.time()
-    run = Run(root, epochs, step_sleep, stall_s, autotune)
+    run = Run(root, epochs, step_sleep, stall_s, autotune, env)
     fired: list[dict] = []
     keeper = threading.Thread(target=run.replace_lost_workers, daemon=True)
     try:

@@ -44,7 +44,7 @@ from pathlib import Path
 from goodput_records import TORCHFT
 
 RECORDS = Path(__file__).resolve().parent / "records"
-GOODPUT = RECORDS / "goodput_2026-11-29.json"
+GOODPUT = RECORDS / "goodput_deferred_join_2026-11-29.json"
 CONTROL_PLANE = RECORDS / "control_plane_listener.json"
 RENDEZVOUS = RECORDS / "rendezvous_server_2026-11-29.json"
 FOUND_AT_ONCE = ("kill", "worker")  # a frozen rank adds the stall timeout, a setting

@@ -24,6 +24,11 @@ to start Horovod in (Horovod's settings in its environment) unless the call
 site passes them. A ``"step"`` that is a process's first in a round (the
 launcher's ``HVDKIT_RESTART_COUNT``) is the phase ``"first_step"`` instead.
 
+With ``HVDKIT_PHASE_LOG=<file>`` every process also adds a line to that file
+as it enters a phase: JSON ``{"t": time.time(), "pid", "phase", "rank",
+"size", "round"}``, one ``write`` of a file opened to append (whole lines
+from many processes; ``benchmarks/change_of_world.py`` reads them).
+
 Example (in a test)::
 
     (folder / "trap").write_text(json.dumps({"phase": "rollback", "action": "kill"}))
@@ -56,7 +61,8 @@ PHASES = (
 )
 
 _folder = os.environ.get(ENV) or None
-ACTIVE = _folder is not None  # the step's call site tests this first: no call when unset
+_log = os.environ.get(config.PHASE_LOG) or None
+ACTIVE = _folder is not None or _log is not None  # the step's call site tests this first
 _seen: dict[str, int] = {}
 _stepped_in: list[str] = []  # the round of this process's last step (first_step)
 
@@ -67,7 +73,7 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
     Raises:
         ValueError: ``phase`` is not one of :data:`PHASES`.
     """
-    if _folder is None:
+    if _folder is None and _log is None:
         return
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
@@ -77,6 +83,10 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
         phase = "first_step"
     if rank is None:
         rank, size = _env_int(config.HOROVOD_RANK), _env_int(config.HOROVOD_SIZE)
+    if _log is not None:
+        _add_to_log(phase, rank, size, int(round_))
+    if _folder is None:
+        return
     trap_path = os.path.join(_folder, "trap")
     try:
         with open(trap_path) as f:
@@ -110,6 +120,16 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
         json.dump(hit, f)
     os.replace(tmp, os.path.join(_folder, "hit"))
     _act(trap.get("action"))
+
+
+def _add_to_log(phase: str, rank: int | None, size: int | None, round_: int) -> None:
+    line = {"t": time.time(), "pid": os.getpid(), "phase": phase}
+    line |= {"rank": rank, "size": size, "round": round_}
+    fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _env_int(name: str) -> int | None:

@@ -50,6 +50,7 @@ MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # int >= 0: restarts of a failed job (defa
 RESTART_COUNT = "HVDKIT_RESTART_COUNT"  # set by the launcher: 0 on the first attempt
 CHECKPOINT_DIR = "HVDKIT_CHECKPOINT_DIR"  # where the launcher looks for the resume step
 PHASE_HOOK = "HVDKIT_PHASE_HOOK"  # tests: a folder of fault traps (hvdkit._phases)
+PHASE_LOG = "HVDKIT_PHASE_LOG"  # benchmarks: a file every phase's start is added to (_phases)
 BUCKET_BYTES = "HVDKIT_BUCKET_BYTES"  # int >= 0: bytes per gradient allreduce bucket
 # Chosen with benchmarks/overlap.py (docs/performance.md, "Overlap"): on 2 simulated
 # hosts at 1 and 10 Gbit/s, 0 (one allreduce per gradient), 1 MiB and 4 MiB gave

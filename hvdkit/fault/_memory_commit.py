@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .. import _compat, _phases, collectives, runtime
+from .. import _compat, _phases, runtime
 from ..errors import HvdkitError
+from . import _state_broadcast
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpointer
@@ -80,8 +81,9 @@ class MemoryCommit:
     def rollback(self) -> int:
         """Go back to the last commit in a new world; its step. Every rank calls it.
 
-        Every survivor holds the same commit; rank 0's is sent to all, with the
-        same two collectives as :meth:`hvdkit.Checkpointer.restore`, so a rank
+        Every survivor holds the same commit; rank 0's is sent to all, in the
+        same two steps as :meth:`hvdkit.Checkpointer.restore`
+        (:mod:`hvdkit.fault._state_broadcast`), so a rank
         that joins the job (it calls ``restore()`` in its fresh process)
         receives it too. The sampler, on the new world's shards already
         (:func:`hvdkit.fault._next_world.retry`), re-shards the epoch's rest.
@@ -92,7 +94,7 @@ class MemoryCommit:
     def sync(self) -> int:
         """Every rank takes rank 0's variables and state as they stand now, then commits them.
 
-        Horovod's ``state.sync()``; the same two collectives as :meth:`rollback`.
+        Horovod's ``state.sync()``; the same two steps as :meth:`rollback`.
         """
         return self._adopt_from_root(self.ckpt.state_dict(), self.ckpt.variables())
 
@@ -104,8 +106,8 @@ class MemoryCommit:
         """Rank 0's ``state`` and ``variables`` on every rank, re-sharded, committed; the step."""
         header = {"ok": True, "state": state, "path": None}
         if runtime.size() > 1:
-            header = collectives.broadcast_object(header, 0)
-            collectives.broadcast_variables(variables, 0)
+            header = _state_broadcast.header(header, variables)
+            _state_broadcast.variables(variables)
         # The sampler took this world's shards as the rank joined it (hvdkit.fault._next_world);
         # the state it loads now shares out the rest of the epoch over them.
         _phases.enter("reshard")

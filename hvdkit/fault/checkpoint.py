@@ -27,11 +27,12 @@ from pathlib import Path
 
 import keras
 
-from .. import _phases, collectives, errors, runtime
+from .. import _phases, errors, runtime
 from .._validate import check_int
 from ..data.sampler import ShardSampler
 from ..errors import ConfigurationError, HvdkitError
 from . import _checkpoint_files as files
+from . import _state_broadcast
 from ._background_write import BackgroundWriter
 from ._checkpoint_callback import CheckpointCallback
 from ._checkpoint_read import CheckpointWarning, check_writable, dtype_name, newest
@@ -240,12 +241,15 @@ class Checkpointer:
         Raises:
             ConfigurationError: the directory is not writable, the model is
                 not built, or the checkpoint was written for another model
-                (variable count or shapes differ); the message names the file.
+                (variable count or shapes differ; the message names the file),
+                or a rank's variables differ from rank 0's (the message names
+                the first one and the rank).
             DataFormatError: a checkpoint's manifest is unreadable or fails
                 its checksum (not something an interrupted write leaves).
             ShardingError: the saved sampler state does not fit ``sampler``.
 
-        Every rank raises the same error; none is left waiting. In an elastic
+        Every rank raises the same error; none is left waiting. The variables
+        go in one broadcast per dtype (:mod:`hvdkit.fault._state_broadcast`). In an elastic
         job, a peer lost during the broadcast (a newcomer's first restore meets
         the survivors' roll back) is one more regroup: the rank meets the next
         world (:func:`hvdkit.runtime.rejoin`) and restores there.
@@ -262,13 +266,13 @@ class Checkpointer:
         if runtime.rank() == 0:
             header, failure = self._load_on_root(variables, len(model_vars))
         if multi:
-            header = collectives.broadcast_object(header, 0)
+            header = _state_broadcast.header(header, variables)
         if not header["ok"]:
             if failure is not None:
                 raise failure
             raise getattr(errors, header["type"])(header["message"])
         if multi:
-            collectives.broadcast_variables(variables, 0)
+            _state_broadcast.variables(variables)
         state = header["state"]
         if state is None:
             self.step, self.epoch = 0, self.sampler.epoch if self.sampler else 0
@@ -460,7 +464,7 @@ class Checkpointer:
             ...     sampler.advance(len(y)); step += 1
             ...     ckpt.maybe_save(step)
         """
-        if _phases.ACTIVE:  # fault-injection tests only: no call otherwise
+        if _phases.ACTIVE:  # fault-injection tests and phase logs only: no call otherwise
             _phases.enter("step")
         saved = self.due(step)
         if saved:
