@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 
 from . import config
@@ -123,13 +124,24 @@ def enter(phase: str, rank: int | None = None, size: int | None = None) -> None:
 
 
 def _add_to_log(phase: str, rank: int | None, size: int | None, round_: int) -> None:
+    """One line to the phase log; a log that cannot be written is said once, never raised."""
+    global _log
     line = {"t": time.time(), "pid": os.getpid(), "phase": phase}
     line |= {"rank": rank, "size": size, "round": round_}
-    fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
-    finally:
-        os.close(fd)
+        fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(
+            f"hvdkit: {config.PHASE_LOG}={_log!r} cannot be written ({exc}); no phase log "
+            "from this process. Give a file in a writable folder.",
+            file=sys.stderr,
+            flush=True,
+        )
+        _log = None
 
 
 def _env_int(name: str) -> int | None:

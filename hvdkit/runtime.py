@@ -176,8 +176,9 @@ class _DeferredStart:
     until the newcomer gets there. Said in ``init()``, that wait held
     everything the script does between ``init()`` and ``restore()``: building
     the model (0.28 s of each join pause in the goodput runs), loading data.
-    Put off to the first collective (:func:`start_deferred`; ``restore()``
-    calls it first), the survivors train on meanwhile. Until then the place
+    Put off to the first call that needs Horovod (:func:`start_deferred`:
+    a collective, a process set's use, a probe; ``restore()`` calls it
+    first), the survivors train on meanwhile. Until then the place
     in the world (rank, size, local and cross) is the assignment's: the
     Horovod settings the worker put in the environment, which Horovod's start
     reads as well. Horovod's module is loaded at once, so that the start
@@ -245,11 +246,13 @@ def start_deferred() -> bool:
     A newcomer to an elastic job meets the others here (its ready, their go;
     :func:`_announce_joining`) and starts Horovod in the world of that round,
     which may be a later one than ``init()`` saw (a peer was lost meanwhile:
-    then its rank and size changed, and a sampler takes the new shards). If
-    the start fails for a peer lost while the ranks connect, the rank waits
-    for the next world and starts there, as in :func:`init`. Every collective
-    calls it (through :func:`backend`); :meth:`hvdkit.Checkpointer.restore`
-    and :func:`hvdkit.elastic.run` call it before anything else.
+    then its rank and size changed, a warning says so, and the sampler
+    ``restore()`` holds takes the new shards). If the start fails for a peer
+    lost while the ranks connect, the rank waits for the next world and
+    starts there, as in :func:`init`. Whatever needs Horovod calls it
+    (through :func:`backend`, and a process set's first use);
+    :meth:`hvdkit.Checkpointer.restore` and :func:`hvdkit.elastic.run` call
+    it before anything else.
     """
     global _deferred
     if _deferred is None:
@@ -260,7 +263,23 @@ def start_deferred() -> bool:
         start.start()
     except CollectiveError as exc:
         _join_next_world(start.start, failed=exc)
+    _progress.rank_changed(rank())  # the heartbeats speak for the rank it started as
+    _say_if_moved(start)
     return True
+
+
+def _say_if_moved(start: _DeferredStart) -> None:
+    """Warn if the rank started elsewhere than ``init()`` said (a peer was lost meanwhile)."""
+    said, now = (start.rank(), start.size()), (rank(), size())
+    if said != now:
+        logger.warning(
+            "hvdkit: a peer was lost while this rank got ready to join: it started Horovod as "
+            "rank %d of %d, not rank %d of %d as hvdkit.rank()/size() said before its first "
+            "collective. Values computed from them before then are stale; read rank() and "
+            "size() after restore() (or in the training function) instead.",
+            *now,
+            *said,
+        )
 
 
 # Set once per process, at the first init(): the objects alive then are frozen,
@@ -542,6 +561,11 @@ def _join_next_world(start, failed: CollectiveError | None = None) -> int:
 def is_initialized() -> bool:
     """Whether ``init()`` has been called (and ``shutdown()`` not since)."""
     return _backend is not None or _deferred is not None
+
+
+def started() -> bool:
+    """Whether Horovod (or the local backend) runs: initialized, and not put off."""
+    return _backend is not None
 
 
 def job_rank_size(what: str, fix: str) -> tuple[int, int]:

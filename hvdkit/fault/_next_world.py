@@ -109,14 +109,18 @@ def retry(
     world's shards (:meth:`~hvdkit.data.ShardSampler.reshard`; the state
     loaded afterwards re-shards the epoch's rest), and ``attempt`` runs again.
     A newcomer's Horovod start, put off by ``init()``, happens before the first
-    call (:func:`hvdkit.runtime.start_deferred`), and the sampler takes that
-    world's shards too.
+    call (:func:`hvdkit.runtime.start_deferred`), and a sampler whose shards are
+    not this world's takes them.
 
     Raises:
         LaunchError: no next world formed (:func:`hvdkit._comm.meeting.join_next_world`).
     """
     move = None
-    if runtime.start_deferred() and sampler is not None:
+    runtime.start_deferred()
+    if sampler is not None and (sampler.num_shards, sampler.shard_id) != (
+        runtime.size(),
+        runtime.rank(),
+    ):
         sampler.reshard()  # a newcomer's world may be a later round's than init() saw
     while True:
         try:
@@ -194,7 +198,7 @@ class LostPeerWatch:
         if body is None or not body.get("lost"):
             return False
         with cls._lock:
-            if cls._recovering or cls.ended is not None or not runtime.is_initialized():
+            if cls._recovering or cls.ended is not None or not runtime.started():
                 return False
             if body["round"] <= config.restart_count():
                 return False  # this world's own assignment

@@ -60,12 +60,17 @@ def header(root_header: dict, values: list) -> dict:
             number, dtype or shape (on every rank alike).
     """
     mine = signature(values)
+    names = [_name(v) for v in values]  # for the message only: not compared
     sent = root_header if runtime.rank() == 0 else None
-    gathered = collectives.allgather_object({"header": sent, "signature": mine})
+    gathered = collectives.allgather_object({"header": sent, "signature": mine, "names": names})
     got = gathered[0]["header"]
     if got.get("ok", True):  # an error rank 0 sends goes first
         _check_same(gathered)
     return got
+
+
+def _name(v) -> str:
+    return str(getattr(v, "path", None) or getattr(v, "name", None) or "?")
 
 
 def _check_same(gathered: list[dict]) -> None:
@@ -79,8 +84,8 @@ def _check_same(gathered: list[dict]) -> None:
         else:
             i = next(i for i, (a, b) in enumerate(zip(root, other, strict=True)) if a != b)
             differ = (
-                f"variable {i} is {other[i][0]} {other[i][1]} against rank 0's "
-                f"{root[i][0]} {root[i][1]}"
+                f"variable {i} ({item['names'][i]}) is {other[i][0]} {other[i][1]} against "
+                f"rank 0's {root[i][0]} {root[i][1]} ({gathered[0]['names'][i]})"
             )
         raise ConfigurationError(
             f"the state cannot go from rank 0 to rank {rank}: its {differ}. Every rank must "
@@ -91,30 +96,34 @@ def _check_same(gathered: list[dict]) -> None:
 
 def variables(values: list, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s values of ``values`` (in place), packed by dtype."""
-    groups: dict[str, list[Any]] = defaultdict(list)
+    groups: dict[str, list[tuple[Any, tf.Tensor]]] = defaultdict(list)
     for v in values:
-        groups[tf.convert_to_tensor(v).dtype.name].append(v)
+        t = tf.convert_to_tensor(v)
+        groups[t.dtype.name].append((v, t))
     receive = runtime.rank() != root_rank
     for dtype in sorted(groups):
         for k, chunk in enumerate(_chunks(groups[dtype])):
-            flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in chunk], 0)
+            sizes = [int(tf.size(t)) for _, t in chunk]
+            if receive:  # what it sends is overwritten: only the size counts
+                flat = tf.zeros([sum(sizes)], chunk[0][1].dtype)
+            else:
+                flat = tf.concat([tf.reshape(t, [-1]) for _, t in chunk], 0)
             out = collectives.broadcast(flat, root_rank, name=f"hvdkit.state.{dtype}.{k}")
             if receive:
-                sizes = [int(tf.size(v)) for v in chunk]
-                for v, piece in zip(chunk, tf.split(out, sizes), strict=True):
-                    v.assign(tf.reshape(piece, tf.shape(v)))
+                for (v, t), piece in zip(chunk, tf.split(out, sizes), strict=True):
+                    v.assign(tf.reshape(piece, t.shape))
 
 
-def _chunks(group: list) -> list[list]:
-    """``group`` in consecutive runs of at most :data:`CHUNK_BYTES` (a bigger variable alone)."""
+def _chunks(group: list[tuple[Any, tf.Tensor]]) -> list[list]:
+    """``(variable, value)`` pairs in consecutive runs of at most :data:`CHUNK_BYTES` (a
+    bigger variable alone)."""
     chunks, current, size = [], [], 0
-    for v in group:
-        t = tf.convert_to_tensor(v)
+    for v, t in group:
         nbytes = int(tf.size(t)) * t.dtype.size
         if current and size + nbytes > CHUNK_BYTES:
             chunks.append(current)
             current, size = [], 0
-        current.append(v)
+        current.append((v, t))
         size += nbytes
     if current:
         chunks.append(current)

@@ -148,3 +148,17 @@ def test_performance_md_prints_the_recorded_split_and_quotes_it():
     trace = [s[k]["first_step"]["p50"] - step for k in ("loss", "join")]
     assert f"one step ({step:.2f} s) and {trace[0]:.2f} s (a loss) to {trace[1]:.2f} s" in text
     assert f"({p50(s, 'join', 'last_step_to_leave')} s from it to the leave)" in text
+
+
+def test_a_phase_log_that_cannot_be_written_is_said_once_and_training_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    from hvdkit import _phases
+
+    monkeypatch.setattr(_phases, "_log", str(tmp_path / "no-such-folder" / "phases.jsonl"))
+    monkeypatch.setattr(_phases, "_folder", None)
+    _phases.enter("init", 0, 2)
+    _phases.enter("save", 0, 2)
+    err = capsys.readouterr().err
+    assert err.count("HVDKIT_PHASE_LOG=") == 1 and "cannot be written" in err
+    assert _phases._log is None

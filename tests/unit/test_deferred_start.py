@@ -10,6 +10,7 @@ restore(). The multi-process side: tests/test_elastic_mp.py and tests/test_phase
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -18,6 +19,7 @@ import pytest
 from hvdkit import config, runtime
 from hvdkit import process_sets as _sets
 from hvdkit._comm import meeting as _meeting
+from hvdkit._comm import progress as _progress
 from hvdkit.backends.local import LocalBackend
 from hvdkit.data import ShardSampler
 from hvdkit.errors import CollectiveError
@@ -120,19 +122,49 @@ def test_a_process_sets_first_use_starts_it(newcomer):
     assert starts == [(2, "3")]
 
 
-def test_a_later_round_handed_over_meanwhile_renumbers_the_rank_and_reshards(newcomer):
+def test_a_later_round_handed_over_meanwhile_renumbers_the_rank_and_reshards(
+    newcomer, monkeypatch, caplog
+):
     """A survivor was lost while the newcomer built its model: the scheduler gave round 3,
     where it is rank 1 of 3; retry() (restore's loop) starts it there and re-shards."""
     folder, starts = newcomer
+    ranks = []
+    monkeypatch.setattr(_progress, "rank_changed", ranks.append)
     runtime.init("horovod", intra_op_threads=0, pin_gpu=False)
     sampler = ShardSampler(12, 4, 3)  # as built from rank() and size() before the start
     offer(folder, 3, rank=1, size=3)
     worker = go_once_ready(folder, 3)
-    seen = retry(lambda move: (move, runtime.rank(), runtime.size()), sampler=sampler)
+    with caplog.at_level(logging.WARNING, logger="hvdkit"):
+        seen = retry(lambda move: (move, runtime.rank(), runtime.size()), sampler=sampler)
     worker.join()
     assert seen == (None, 1, 3)
     assert starts == [(3, "1")]
     assert (sampler.num_shards, sampler.shard_id) == (3, 1)
+    assert ranks == [1]  # the heartbeats speak for rank 1 now
+    assert "as rank 1 of 3, not rank 3 of 4" in caplog.text
+
+
+def test_a_sampler_reshards_though_another_call_started_horovod_first(newcomer):
+    """A probe or a collective before restore() started it in a later round: retry() still
+    gives the sampler this world's shards."""
+    folder, starts = newcomer
+    runtime.init("horovod", intra_op_threads=0, pin_gpu=False)
+    sampler = ShardSampler(12, 4, 3)
+    offer(folder, 3, rank=0, size=3)
+    worker = go_once_ready(folder, 3)
+    runtime.backend()
+    worker.join()
+    assert retry(lambda move: runtime.rank(), sampler=sampler) == 0
+    assert (sampler.num_shards, sampler.shard_id) == (3, 0)
+
+
+def test_a_start_where_init_said_warns_nothing(newcomer, caplog):
+    folder, starts = newcomer
+    runtime.init("horovod", intra_op_threads=0, pin_gpu=False)
+    go(folder, 2)
+    with caplog.at_level(logging.WARNING, logger="hvdkit"):
+        runtime.backend()
+    assert starts == [(2, "3")] and "stale" not in caplog.text
 
 
 def test_a_start_that_fails_for_a_lost_peer_starts_in_the_next_world(newcomer, monkeypatch):

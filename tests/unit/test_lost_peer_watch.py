@@ -25,7 +25,7 @@ Watch = _next_world.LostPeerWatch
 def world(monkeypatch, tmp_path):
     """This rank is in round 2 of a running elastic job; ``calls`` counts abandons."""
     monkeypatch.setenv(config.RESTART_COUNT, "2")
-    monkeypatch.setattr(runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime, "started", lambda: True)
     calls = []
     monkeypatch.setattr(runtime, "abandon", lambda: calls.append(1) or 3)
     monkeypatch.setattr(Watch, "ended", None)
@@ -68,7 +68,7 @@ def test_nothing_is_abandoned_while_the_rank_recovers_or_without_a_runtime(world
     with Watch.recovering():
         assert not Watch.check(folder)  # the main thread shuts down and joins round 3
     assert calls == [] and Watch.ended is None
-    monkeypatch.setattr(runtime, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime, "started", lambda: False)
     assert not Watch.check(folder)
     assert calls == []
 

@@ -22,22 +22,31 @@ def test_signature_is_dtype_and_shape_in_order():
 def test_chunks_close_at_chunk_bytes_and_keep_a_bigger_variable_alone(monkeypatch):
     monkeypatch.setattr(sb, "CHUNK_BYTES", 40)
     sizes = [4, 4, 2, 20, 1]  # float32 elements: 16, 16, 8, 80, 4 bytes
-    group = [tf.zeros([n]) for n in sizes]
+    group = [(i, tf.zeros([n])) for i, n in enumerate(sizes)]
     chunks = sb._chunks(group)
-    assert [[int(tf.size(v)) for v in c] for c in chunks] == [[4, 4, 2], [20], [1]]
+    assert [[i for i, _ in c] for c in chunks] == [[0, 1, 2], [3], [4]]
 
 
 @pytest.mark.parametrize(
     ("other", "says"),
     [
         ([["float32", [2, 3]]], "1 variables against rank 0's 2"),
-        ([["float32", [3, 2]], ["int64", []]], "variable 0 is float32 [3, 2] against rank 0's"),
-        ([["float32", [2, 3]], ["int32", []]], "variable 1 is int32 [] against rank 0's int64 []"),
+        (
+            [["float32", [3, 2]], ["int64", []]],
+            "variable 0 (dense_1/kernel) is float32 [3, 2] against rank 0's float32 [2, 3] "
+            "(dense/kernel)",
+        ),
+        (
+            [["float32", [2, 3]], ["int32", []]],
+            "variable 1 (sgd/iteration) is int32 [] against rank 0's int64 [] (iteration)",
+        ),
     ],
 )
 def test_ranks_whose_variables_differ_all_raise_naming_the_first_difference(other, says):
     root = [["float32", [2, 3]], ["int64", []]]
-    gathered = [{"signature": root}, {"signature": root}, {"signature": other}]
+    names = {"names": ["dense/kernel", "iteration"]}
+    gathered = [{"signature": root, **names}, {"signature": root, **names}]
+    gathered.append({"signature": other, "names": ["dense_1/kernel", "sgd/iteration"]})
     with pytest.raises(ConfigurationError, match="to rank 2") as info:
         sb._check_same(gathered)
     assert says in str(info.value)
