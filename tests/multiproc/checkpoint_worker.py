@@ -115,6 +115,16 @@ with c.check("bad_input_raises_the_same_error_on_every_rank"):
         assert "manifest.json is unreadable" in str(e) and "Move or delete" in str(e), str(e)
     else:
         raise AssertionError("no error for a corrupt manifest")
+    # rank 1 built another model than rank 0's: both raise, naming the variable; none waits
+    try:
+        hvdkit.Checkpointer(ROOT / "e", model=make_model(width=8 if r == 0 else 5)).restore()
+    except hvdkit.ConfigurationError as e:
+        said = str(e)
+        assert "cannot go from rank 0 to rank 1: its variable 0 (" in said, said
+        assert "is float32 [4, 5] against rank 0's float32 [4, 8]" in said, said
+    else:
+        raise AssertionError("no error for ranks that built different models")
+    hvdkit.barrier()  # both are here: neither was left in a broadcast
 
 with c.check("torn_checkpoint_skipped_and_previous_loaded"):
     model = make_model(seed=3)
