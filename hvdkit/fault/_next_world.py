@@ -109,19 +109,23 @@ def retry(
     world's shards (:meth:`~hvdkit.data.ShardSampler.reshard`; the state
     loaded afterwards re-shards the epoch's rest), and ``attempt`` runs again.
     A newcomer's Horovod start, put off by ``init()``, happens before the first
-    call (:func:`hvdkit.runtime.start_deferred`), and a sampler whose shards are
-    not this world's takes them.
+    call (:func:`hvdkit.runtime.start_deferred`), and in an elastic job a sampler
+    whose shards are not this world's takes them.
 
     Raises:
         LaunchError: no next world formed (:func:`hvdkit._comm.meeting.join_next_world`).
     """
     move = None
     runtime.start_deferred()
-    if sampler is not None and (sampler.num_shards, sampler.shard_id) != (
-        runtime.size(),
-        runtime.rank(),
+    # In an elastic job the sampler follows the world (each move below re-shards it),
+    # and a newcomer's world may be a later round's than init() saw. Elsewhere a sampler
+    # may be sharded on purpose unlike the world: it is left as built.
+    if (
+        sampler is not None
+        and _meeting.enabled()
+        and (sampler.num_shards, sampler.shard_id) != (runtime.size(), runtime.rank())
     ):
-        sampler.reshard()  # a newcomer's world may be a later round's than init() saw
+        sampler.reshard()
     while True:
         try:
             return attempt(move)

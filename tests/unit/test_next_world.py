@@ -138,3 +138,13 @@ def test_one_loop_joins_the_next_world_and_one_place_reshards():
                 if name in calls:
                     calls[name].add(str(path.relative_to(package)))
     assert calls == {k: {"fault/_next_world.py"} for k in calls}, calls
+
+
+def test_outside_an_elastic_job_a_sampler_sharded_unlike_the_world_is_left_as_built(
+    local_runtime, monkeypatch
+):
+    """restore() goes through retry(): a sampler built with its own shards keeps them."""
+    monkeypatch.delenv(config.ELASTIC_DIR, raising=False)
+    sampler = ShardSampler(12, 3, 2)  # a job of size 1 reading shard 2 of 3 on purpose
+    assert retry(lambda move: move, sampler=sampler) is None
+    assert (sampler.num_shards, sampler.shard_id) == (3, 2)
