@@ -130,7 +130,7 @@ def init(
     world = list(range(launched or 1))
     new = [ps for ps in sets if ps.ranks != world]  # a set equal to the job is the global set
     if _DeferredStart.applies(name, process_sets):
-        _deferred = _DeferredStart(name)
+        _deferred = _DeferredStart()
         _sets.deferred(start_deferred)
         place = _deferred
     else:
@@ -188,12 +188,11 @@ class _DeferredStart:
     registers its sets as Horovod starts, so such a rank starts at ``init()``.
     """
 
-    name = "horovod"
+    name = "horovod"  # the only backend that starts late (applies)
 
-    def __init__(self, name: str) -> None:
+    def __init__(self) -> None:
         from .backends import horovod  # noqa: F401  Horovod's module, loaded before the start
 
-        self.name = name
         self.env = {  # the worker sets them all (hvdkit.launch.worker)
             key: config.get_int(key, 0, minimum=0)
             for key in _compat.HOROVODRUN_LAYOUT_VARIABLES
