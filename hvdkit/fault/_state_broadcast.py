@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -45,11 +46,12 @@ def signature(values: list) -> list[list]:
     >>> signature([tf.zeros([2, 3]), tf.zeros([], tf.int64)])
     [['float32', [2, 3]], ['int64', []]]
     """
-    out = []
-    for v in values:
-        t = tf.convert_to_tensor(v)
-        out.append([t.dtype.name, [int(d) for d in t.shape]])
-    return out
+    return [[dtype, shape] for dtype, shape in map(_dtype_shape, values)]
+
+
+def _dtype_shape(v) -> tuple[str, list[int]]:
+    """A variable's (or tensor's) dtype name and shape, without reading its value."""
+    return tf.as_dtype(v.dtype).name, [int(d) for d in v.shape]
 
 
 def header(root_header: dict, values: list) -> dict:
@@ -96,34 +98,34 @@ def _check_same(gathered: list[dict]) -> None:
 
 def variables(values: list, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s values of ``values`` (in place), packed by dtype."""
-    groups: dict[str, list[tuple[Any, tf.Tensor]]] = defaultdict(list)
+    groups: dict[str, list[tuple[Any, list[int]]]] = defaultdict(list)
     for v in values:
-        t = tf.convert_to_tensor(v)
-        groups[t.dtype.name].append((v, t))
-    receive = runtime.rank() != root_rank
+        dtype, shape = _dtype_shape(v)
+        groups[dtype].append((v, shape))
+    receive = runtime.rank() != root_rank  # reads no value: what it sends is overwritten
     for dtype in sorted(groups):
-        for k, chunk in enumerate(_chunks(groups[dtype])):
-            sizes = [int(tf.size(t)) for _, t in chunk]
-            if receive:  # what it sends is overwritten: only the size counts
-                flat = tf.zeros([sum(sizes)], chunk[0][1].dtype)
+        for k, chunk in enumerate(_chunks(groups[dtype], tf.as_dtype(dtype).size)):
+            sizes = [math.prod(shape) for _, shape in chunk]
+            if receive:
+                flat = tf.zeros([sum(sizes)], dtype)
             else:
-                flat = tf.concat([tf.reshape(t, [-1]) for _, t in chunk], 0)
+                flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v, _ in chunk], 0)
             out = collectives.broadcast(flat, root_rank, name=f"hvdkit.state.{dtype}.{k}")
             if receive:
-                for (v, t), piece in zip(chunk, tf.split(out, sizes), strict=True):
-                    v.assign(tf.reshape(piece, t.shape))
+                for (v, shape), piece in zip(chunk, tf.split(out, sizes), strict=True):
+                    v.assign(tf.reshape(piece, shape))
 
 
-def _chunks(group: list[tuple[Any, tf.Tensor]]) -> list[list]:
-    """``(variable, value)`` pairs in consecutive runs of at most :data:`CHUNK_BYTES` (a
-    bigger variable alone)."""
+def _chunks(group: list[tuple[Any, list[int]]], itemsize: int) -> list[list]:
+    """``(variable, shape)`` pairs of one dtype (``itemsize`` bytes an element) in
+    consecutive runs of at most :data:`CHUNK_BYTES` (a bigger variable alone)."""
     chunks, current, size = [], [], 0
-    for v, t in group:
-        nbytes = int(tf.size(t)) * t.dtype.size
+    for v, shape in group:
+        nbytes = math.prod(shape) * itemsize
         if current and size + nbytes > CHUNK_BYTES:
             chunks.append(current)
             current, size = [], 0
-        current.append((v, t))
+        current.append((v, shape))
         size += nbytes
     if current:
         chunks.append(current)

@@ -15,15 +15,23 @@ from hvdkit.fault import _state_broadcast as sb
 
 
 def test_signature_is_dtype_and_shape_in_order():
+    import keras
+
     values = [tf.Variable(tf.zeros([2, 3])), tf.Variable(np.int64(4)), tf.zeros([0], tf.float16)]
-    assert sb.signature(values) == [["float32", [2, 3]], ["int64", []], ["float16", [0]]]
+    values.append(keras.Variable(np.zeros((1, 5), "float64")))
+    assert sb.signature(values) == [
+        ["float32", [2, 3]],
+        ["int64", []],
+        ["float16", [0]],
+        ["float64", [1, 5]],
+    ]
 
 
 def test_chunks_close_at_chunk_bytes_and_keep_a_bigger_variable_alone(monkeypatch):
     monkeypatch.setattr(sb, "CHUNK_BYTES", 40)
     sizes = [4, 4, 2, 20, 1]  # float32 elements: 16, 16, 8, 80, 4 bytes
-    group = [(i, tf.zeros([n])) for i, n in enumerate(sizes)]
-    chunks = sb._chunks(group)
+    group = [(i, [n]) for i, n in enumerate(sizes)]
+    chunks = sb._chunks(group, 4)
     assert [[i for i, _ in c] for c in chunks] == [[0, 1, 2], [3], [4]]
 
 
